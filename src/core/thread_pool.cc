@@ -1,0 +1,106 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <memory>
+
+namespace dsv4 {
+
+namespace {
+int g_requested_threads = 0;
+std::unique_ptr<ThreadPool> g_pool;
+std::mutex g_pool_mu;
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  threads = std::max(1, threads);
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_loop(int id) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t, int64_t, int)>* job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    for (;;) {
+      int64_t b;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        b = next_;
+        next_ += chunk_;
+      }
+      if (b >= n_) break;
+      (*job)(b, std::min(n_, b + chunk_), id);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (--active_ == 0) done_cv_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t min_chunk) {
+  if (n <= 0) return;
+  int64_t threads = size();
+  if (threads == 1 || n <= min_chunk) {
+    fn(0, n, 0);
+    return;
+  }
+  // A few chunks per thread balance uneven work; chunking only decides who
+  // computes an index, never how.
+  int64_t chunk = std::max<int64_t>(min_chunk, (n + threads * 4 - 1) / (threads * 4));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    job_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    next_ = 0;
+    active_ = int(workers_.size());
+    ++generation_;
+  }
+  cv_.notify_all();
+  for (;;) {
+    int64_t b;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      b = next_;
+      next_ += chunk_;
+    }
+    if (b >= n) break;
+    fn(b, std::min(n, b + chunk), 0);
+  }
+  std::unique_lock<std::mutex> l(mu_);
+  done_cv_.wait(l, [&] { return active_ == 0; });
+  job_ = nullptr;
+}
+
+ThreadPool& ThreadPool::global() {
+  std::lock_guard<std::mutex> l(g_pool_mu);
+  if (!g_pool) {
+    int n = g_requested_threads > 0 ? g_requested_threads : int(std::thread::hardware_concurrency());
+    g_pool = std::make_unique<ThreadPool>(n);
+  }
+  return *g_pool;
+}
+
+void ThreadPool::set_threads(int threads) {
+  std::lock_guard<std::mutex> l(g_pool_mu);
+  g_requested_threads = threads;
+  g_pool.reset();
+}
+
+}  // namespace dsv4

@@ -1,0 +1,43 @@
+// Prefill of one request (PREFILL.md §1, §3): the prompt is walked in tiles
+// of tile_tokens positions, tile-major (every layer for one tile, then the
+// next tile); only the per-layer caches of RequestState cross tiles.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/attention.h"
+#include "model/model.h"
+
+namespace dsv4 {
+
+struct RequestState {
+  std::vector<AttentionState> layers;
+  int64_t n_tokens = 0;  // positions already processed
+};
+
+struct PrefillOptions {
+  int64_t tile_tokens = 128;      // 0 = the whole prompt in one tile
+  int64_t max_prompt = 0;         // 0 = max_position_embeddings
+  bool keep_hidden = false;       // all rows of the final normalised hidden
+  bool keep_residuals = false;    // every layer's output residual stream
+  // Teacher forcing: [layers][N][hc][D]; layer L > 0 takes IN[L−1] as input.
+  const float* teacher = nullptr;
+};
+
+struct PrefillResult {
+  std::vector<float> logits;     // [vocab], last row
+  int32_t next_token = -1;       // argmax, ties to the lower id
+  std::vector<float> hidden;     // [N][D] when keep_hidden, else the last row
+  std::vector<float> residuals;  // [layers][N][hc][D] when keep_residuals
+};
+
+// Checks the prompt (non-empty, ids < vocab_size, length <= the limit) and
+// throws dsv4::Error naming what is wrong.
+void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t max_prompt);
+
+PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts);
+
+// Greedy choice: the largest logit, the lower id on ties.
+int32_t argmax(const float* v, int64_t n);
+
+}  // namespace dsv4

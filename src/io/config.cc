@@ -1,0 +1,221 @@
+#include "io/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+using nlohmann::json;
+
+namespace {
+
+struct Reader {
+  const json& j;
+  const std::string& origin;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw Error(origin + ": field '" + field + "' " + what);
+  }
+  const json& get(const json& obj, const std::string& field, const std::string& path) const {
+    auto it = obj.find(field);
+    if (it == obj.end()) fail(path, "is missing");
+    return *it;
+  }
+  int integer(const std::string& field, int lo, int hi) const { return integer_in(j, field, field, lo, hi); }
+  int integer_in(const json& obj, const std::string& field, const std::string& path, int lo, int hi) const {
+    const json& v = get(obj, field, path);
+    if (!v.is_number()) fail(path, "must be a number");
+    double d = v.get<double>();
+    if (d != double(int64_t(d))) fail(path, "must be an integer, got " + v.dump());
+    if (d < lo || d > hi)
+      fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    return int(d);
+  }
+  int integer_or(const std::string& field, int dflt, int lo, int hi) const {
+    return j.contains(field) && !j[field].is_null() ? integer(field, lo, hi) : dflt;
+  }
+  float number_in(const json& obj, const std::string& field, const std::string& path, double lo, double hi) const {
+    const json& v = get(obj, field, path);
+    if (!v.is_number()) fail(path, "must be a number");
+    double d = v.get<double>();
+    if (!(d >= lo && d <= hi)) fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    return float(d);
+  }
+  float number(const std::string& field, double lo, double hi) const { return number_in(j, field, field, lo, hi); }
+};
+
+constexpr int kBig = 1 << 30;
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) throw Error(origin + ": config must be a JSON object");
+  Reader r{j, origin};
+  ModelConfig c;
+  c.hidden_size = r.integer("hidden_size", 1, kBig);
+  c.num_hidden_layers = r.integer("num_hidden_layers", 1, 100000);
+  c.num_attention_heads = r.integer("num_attention_heads", 1, 1 << 16);
+  c.num_key_value_heads = r.integer_or("num_key_value_heads", 1, 1, 1);
+  c.head_dim = r.integer("head_dim", 1, 1 << 16);
+  c.qk_rope_head_dim = r.integer("qk_rope_head_dim", 2, 1 << 16);
+  c.q_lora_rank = r.integer("q_lora_rank", 1, kBig);
+  c.o_lora_rank = r.integer("o_lora_rank", 1, kBig);
+  c.o_groups = r.integer("o_groups", 1, 1 << 16);
+  c.sliding_window = r.integer("sliding_window", 1, kBig);
+  c.index_n_heads = r.integer("index_n_heads", 1, 1 << 16);
+  c.index_head_dim = r.integer("index_head_dim", 1, 1 << 16);
+  c.index_topk = r.integer("index_topk", 1, kBig);
+  c.n_routed_experts = r.integer("n_routed_experts", 1, 1 << 20);
+  c.num_experts_per_tok = r.integer("num_experts_per_tok", 1, 1 << 20);
+  c.n_shared_experts = r.integer_or("n_shared_experts", 1, 0, 1 << 20);
+  c.moe_intermediate_size = r.integer("moe_intermediate_size", 1, kBig);
+  c.num_hash_layers = r.integer_or("num_hash_layers", 0, 0, 100000);
+  c.routed_scaling_factor = r.number("routed_scaling_factor", 0, 1e6);
+  c.swiglu_limit = j.contains("swiglu_limit") ? r.number("swiglu_limit", 0, 1e30) : 0.f;
+  c.hc_mult = r.integer("hc_mult", 1, 64);
+  c.hc_sinkhorn_iters = r.integer("hc_sinkhorn_iters", 1, 10000);
+  c.hc_eps = r.number("hc_eps", 0, 1);
+  c.rms_norm_eps = r.number("rms_norm_eps", 0, 1);
+  c.rope_theta = r.number("rope_theta", 1e-6, 1e30);
+  c.compress_rope_theta = r.number("compress_rope_theta", 1e-6, 1e30);
+  c.max_position_embeddings = r.integer("max_position_embeddings", 1, kBig);
+  c.vocab_size = r.integer("vocab_size", 1, kBig);
+  c.bos_token_id = r.integer_or("bos_token_id", 0, 0, kBig);
+  c.eos_token_id = r.integer_or("eos_token_id", 1, 0, kBig);
+  c.num_nextn_predict_layers = r.integer_or("num_nextn_predict_layers", 0, 0, 1000);
+
+  std::string scoring = j.value("scoring_func", std::string("sqrtsoftplus"));
+  if (scoring == "sqrtsoftplus") c.scoring_func = ScoringFunc::kSqrtSoftplus;
+  else if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
+  else if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
+  else r.fail("scoring_func", "must be sqrtsoftplus, softmax or sigmoid, got '" + scoring + "'");
+
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    if (!rs.is_object()) r.fail("rope_scaling", "must be an object");
+    std::string type = rs.value("type", rs.value("rope_type", std::string("yarn")));
+    if (type != "yarn") r.fail("rope_scaling.type", "must be 'yarn', got '" + type + "'");
+    c.rope_factor = r.number_in(rs, "factor", "rope_scaling.factor", 1e-6, 1e9);
+    c.rope_original_max_position = r.integer_in(rs, "original_max_position_embeddings",
+                                                "rope_scaling.original_max_position_embeddings", 0, kBig);
+    c.rope_beta_fast = rs.contains("beta_fast") ? r.number_in(rs, "beta_fast", "rope_scaling.beta_fast", 1e-6, 1e9) : 32.f;
+    c.rope_beta_slow = rs.contains("beta_slow") ? r.number_in(rs, "beta_slow", "rope_scaling.beta_slow", 1e-6, 1e9) : 1.f;
+  }
+
+  const json& cr = r.get(j, "compress_ratios", "compress_ratios");
+  if (!cr.is_array()) r.fail("compress_ratios", "must be an array");
+  size_t want = size_t(c.num_hidden_layers) + size_t(c.num_nextn_predict_layers);
+  if (cr.size() != want && cr.size() != size_t(c.num_hidden_layers) + 1 && cr.size() != size_t(c.num_hidden_layers))
+    r.fail("compress_ratios", "must have num_hidden_layers (+ MTP) = " + std::to_string(want) +
+                                  " entries, got " + std::to_string(cr.size()));
+  for (size_t i = 0; i < cr.size(); ++i) {
+    if (!cr[i].is_number_integer()) r.fail("compress_ratios[" + std::to_string(i) + "]", "must be an integer");
+    int v = cr[i].get<int>();
+    if (v != 0 && v < 2) r.fail("compress_ratios[" + std::to_string(i) + "]", "must be 0 or >= 2, got " + std::to_string(v));
+    c.compress_ratios.push_back(v);
+  }
+
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const json& q = j["quantization_config"];
+    if (!q.is_object()) r.fail("quantization_config", "must be an object");
+    if (q.contains("weight_block_size")) {
+      const json& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || b[0] != b[1] || b[0].get<int>() < 1)
+        r.fail("quantization_config.weight_block_size", "must be [B, B] with B >= 1, got " + b.dump());
+      c.weight_block_size = b[0].get<int>();
+    }
+    c.scale_pow2 = q.value("scale_fmt", std::string("ue8m0")) == "ue8m0";
+  }
+
+  // Structural checks: what the forward relies on.
+  auto need = [&](bool ok, const std::string& field, const std::string& what) { if (!ok) r.fail(field, what); };
+  need(c.qk_rope_head_dim % 2 == 0 && c.qk_rope_head_dim <= c.head_dim, "qk_rope_head_dim",
+       "must be even and <= head_dim (" + std::to_string(c.head_dim) + ")");
+  need(c.qk_rope_head_dim <= c.index_head_dim, "qk_rope_head_dim", "must be <= index_head_dim");
+  need(c.num_attention_heads % c.o_groups == 0, "o_groups",
+       "must divide num_attention_heads (" + std::to_string(c.num_attention_heads) + ")");
+  need(c.num_experts_per_tok <= c.n_routed_experts, "num_experts_per_tok",
+       "must be <= n_routed_experts (" + std::to_string(c.n_routed_experts) + ")");
+  need(c.n_shared_experts == 1, "n_shared_experts", "must be 1");
+  need((c.index_head_dim & (c.index_head_dim - 1)) == 0, "index_head_dim",
+       "must be a power of two (Hadamard transform)");
+  need(c.index_head_dim % 32 == 0, "index_head_dim", "must be a multiple of 32 (FP4 blocks)");
+  need(c.hidden_size % 32 == 0, "hidden_size", "must be a multiple of 32 (FP4 expert scales)");
+  need(c.moe_intermediate_size % 32 == 0, "moe_intermediate_size", "must be a multiple of 32 (FP4 expert scales)");
+  need(c.nope_dim() % 64 == 0, "head_dim", "minus qk_rope_head_dim must be a multiple of 64 (FP8 kv blocks)");
+  need(c.hidden_size % 2 == 0, "hidden_size", "must be even");
+  need(c.num_hash_layers <= c.num_hidden_layers, "num_hash_layers", "must be <= num_hidden_layers");
+  need(c.bos_token_id < c.vocab_size, "bos_token_id", "must be < vocab_size");
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot open config");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) throw Error(path + ": invalid JSON");
+  return from_json(j, path);
+}
+
+json ModelConfig::to_json() const {
+  const char* sf = scoring_func == ScoringFunc::kSoftmax ? "softmax"
+                   : scoring_func == ScoringFunc::kSigmoid ? "sigmoid" : "sqrtsoftplus";
+  json j = {
+      {"architectures", {"DeepseekV4ForCausalLM"}},
+      {"model_type", "deepseek_v4"},
+      {"hidden_size", hidden_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"head_dim", head_dim},
+      {"qk_rope_head_dim", qk_rope_head_dim},
+      {"q_lora_rank", q_lora_rank},
+      {"o_lora_rank", o_lora_rank},
+      {"o_groups", o_groups},
+      {"vocab_size", vocab_size},
+      {"moe_intermediate_size", moe_intermediate_size},
+      {"n_routed_experts", n_routed_experts},
+      {"num_experts_per_tok", num_experts_per_tok},
+      {"n_shared_experts", n_shared_experts},
+      {"num_hash_layers", num_hash_layers},
+      {"routed_scaling_factor", routed_scaling_factor},
+      {"swiglu_limit", swiglu_limit},
+      {"sliding_window", sliding_window},
+      {"index_n_heads", index_n_heads},
+      {"index_head_dim", index_head_dim},
+      {"index_topk", index_topk},
+      {"hc_mult", hc_mult},
+      {"hc_sinkhorn_iters", hc_sinkhorn_iters},
+      {"hc_eps", hc_eps},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"compress_rope_theta", compress_rope_theta},
+      {"rope_scaling", {{"type", "yarn"}, {"factor", rope_factor},
+                        {"original_max_position_embeddings", rope_original_max_position},
+                        {"beta_fast", rope_beta_fast}, {"beta_slow", rope_beta_slow}}},
+      {"max_position_embeddings", max_position_embeddings},
+      {"compress_ratios", compress_ratios},
+      {"scoring_func", sf},
+      {"topk_method", "noaux_tc"},
+      {"norm_topk_prob", true},
+      {"hidden_act", "silu"},
+      {"bos_token_id", bos_token_id},
+      {"eos_token_id", eos_token_id},
+      {"tie_word_embeddings", false},
+      {"num_nextn_predict_layers", num_nextn_predict_layers},
+      {"torch_dtype", "bfloat16"},
+      {"quantization_config", {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                               {"scale_fmt", scale_pow2 ? "ue8m0" : "fp32"},
+                               {"weight_block_size", {weight_block_size, weight_block_size}}}},
+      {"expert_dtype", "fp4"},
+  };
+  return j;
+}
+
+}  // namespace dsv4

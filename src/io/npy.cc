@@ -1,0 +1,85 @@
+#include "io/npy.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+void write_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+  size_t n = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    dict += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
+    if (i + 1 < shape.size()) dict += " ";
+    n *= size_t(shape[i]);
+  }
+  dict += "), }";
+  size_t total = 10 + dict.size() + 1;
+  dict.append((64 - total % 64) % 64, ' ');
+  dict += '\n';
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw Error(path + ": cannot create");
+  f.write("\x93NUMPY\x01\x00", 8);
+  uint16_t hl = uint16_t(dict.size());
+  f.write(reinterpret_cast<const char*>(&hl), 2);
+  f.write(dict.data(), std::streamsize(dict.size()));
+  f.write(reinterpret_cast<const char*>(data), std::streamsize(n * sizeof(float)));
+  if (!f) throw Error(path + ": write failed");
+}
+
+NpyArray read_npy(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(path + ": cannot open");
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) throw Error(path + ": not a .npy file");
+  int major = uint8_t(bytes[6]);
+  size_t hl, off;
+  if (major == 1) {
+    hl = uint8_t(bytes[8]) | (size_t(uint8_t(bytes[9])) << 8);
+    off = 10;
+  } else {
+    if (bytes.size() < 12) throw Error(path + ": truncated .npy header");
+    hl = 0;
+    for (int i = 3; i >= 0; --i) hl = (hl << 8) | uint8_t(bytes[8 + i]);
+    off = 12;
+  }
+  if (off + hl > bytes.size()) throw Error(path + ": truncated .npy header");
+  std::string h = bytes.substr(off, hl);
+  bool f8 = h.find("'<f8'") != std::string::npos;
+  if (!f8 && h.find("'<f4'") == std::string::npos) throw Error(path + ": only little-endian float32/float64 .npy is supported");
+  if (h.find("'fortran_order': True") != std::string::npos) throw Error(path + ": Fortran order not supported");
+  NpyArray a;
+  size_t p = h.find('(');
+  size_t q = h.find(')', p);
+  if (p == std::string::npos || q == std::string::npos) throw Error(path + ": no shape in .npy header");
+  std::string dims = h.substr(p + 1, q - p - 1);
+  size_t n = 1;
+  for (size_t i = 0; i < dims.size();) {
+    while (i < dims.size() && (dims[i] == ' ' || dims[i] == ',')) ++i;
+    if (i >= dims.size()) break;
+    size_t j = i;
+    while (j < dims.size() && dims[j] >= '0' && dims[j] <= '9') ++j;
+    if (j == i) throw Error(path + ": bad shape in .npy header");
+    a.shape.push_back(std::stoll(dims.substr(i, j - i)));
+    n *= size_t(a.shape.back());
+    i = j;
+  }
+  size_t data_off = off + hl, esz = f8 ? 8 : 4;
+  if (bytes.size() - data_off < n * esz) throw Error(path + ": truncated .npy data");
+  a.data.resize(n);
+  if (f8) {
+    for (size_t i = 0; i < n; ++i) {
+      double d;
+      std::memcpy(&d, bytes.data() + data_off + i * 8, 8);
+      a.data[i] = float(d);
+    }
+  } else {
+    std::memcpy(a.data.data(), bytes.data() + data_off, n * 4);
+  }
+  return a;
+}
+
+}  // namespace dsv4

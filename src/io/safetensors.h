@@ -1,0 +1,101 @@
+// safetensors checkpoints (CHECKPOINT.md): memory-mapped reading of a single
+// file or of shards listed in model.safetensors.index.json, strict validation,
+// and a writer for the same layout.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+enum class DType { kBF16, kF16, kF32, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64 };
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+bool parse_dtype(const std::string& s, DType* out);
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+
+struct TensorView {
+  std::string name;
+  std::string file;  // the shard it lives in (for messages)
+  DType dtype = DType::kF32;
+  Shape shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  int64_t numel() const;
+};
+
+// A read-only memory mapping of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Parses a safetensors header held in memory (`size` bytes) and returns its
+// tensors with data pointers into `bytes`. Validation failures throw
+// dsv4::Error naming `origin` and the tensor.
+std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, const std::string& origin);
+
+class Checkpoint {
+ public:
+  // Opens DIR/model.safetensors.index.json and its shards, or DIR/model.safetensors.
+  static Checkpoint open(const std::string& dir);
+  Checkpoint() = default;
+  Checkpoint(Checkpoint&&) = default;
+  Checkpoint& operator=(Checkpoint&&) = default;
+
+  const std::string& dir() const { return dir_; }
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const TensorView* find(const std::string& name) const;
+  // The named tensor, which must exist and have this dtype and shape.
+  const TensorView& get(const std::string& name, DType dtype, const Shape& shape) const;
+  // Like get, with a choice of dtypes.
+  const TensorView& get_any(const std::string& name, const std::vector<DType>& dtypes, const Shape& shape) const;
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  size_t total_bytes() const;
+
+ private:
+  std::string dir_;
+  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::map<std::string, TensorView> tensors_;
+};
+
+// Collects tensors and writes them as one or more safetensors files.
+class SafetensorsWriter {
+ public:
+  void add(const std::string& name, DType dtype, const Shape& shape, std::vector<uint8_t> bytes);
+  template <class T>
+  void add_values(const std::string& name, DType dtype, const Shape& shape, const std::vector<T>& v) {
+    std::vector<uint8_t> b(v.size() * sizeof(T));
+    std::memcpy(b.data(), v.data(), b.size());
+    add(name, dtype, shape, std::move(b));
+  }
+  // Writes DIR/model.safetensors when shards == 1 (no index), else
+  // DIR/model-0000k-of-0000n.safetensors plus model.safetensors.index.json.
+  void write_dir(const std::string& dir, int shards) const;
+  // Writes all tensors to one file.
+  void write_file(const std::string& path) const;
+  size_t total_bytes() const;
+
+ private:
+  struct Entry { std::string name; DType dtype; Shape shape; std::vector<uint8_t> bytes; };
+  void write_entries(const std::string& path, const std::vector<const Entry*>& entries) const;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace dsv4

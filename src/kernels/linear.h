@@ -1,0 +1,44 @@
+// Linear layers y = x · Wᵀ over a weight kept in its checkpoint format
+// (MODEL.md §3). Weights are never expanded whole: each output row is
+// dequantised once per call into fp32 and reused for all M input rows.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "io/safetensors.h"
+
+namespace dsv4 {
+
+struct Weight {
+  enum class Kind { kFP8, kFP4, kBF16, kF32 };
+  Kind kind = Kind::kF32;
+  int64_t out = 0, in = 0;
+  const uint8_t* data = nullptr;   // [out][in] (FP4: [out][in/2] packed)
+  const uint8_t* scale = nullptr;  // e8m0: FP8 [ceil(out/B)][ceil(in/B)], FP4 [out][in/32]
+  int block = 128;                 // FP8 weight block size
+
+  // Writes row o of the dequantised weight (in values) to dst.
+  void dequant_row(int64_t o, float* dst) const;
+};
+
+// Loads `prefix`.weight (and `prefix`.scale / .weight_scale_inv for FP8/FP4)
+// with the expected kind and shape from the checkpoint.
+Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind kind, int64_t out, int64_t in,
+                   int block);
+
+struct LinearOpts {
+  bool act_quant = false;   // FP8-quantise each input row in blocks of act_block first
+  int act_block = 128;
+  bool act_pow2 = true;     // power-of-two activation scales (scale_fmt ue8m0)
+  bool out_bf16 = true;     // round each output to bf16
+};
+
+// y[m][o - row_begin] = Σ_i x[m][i] · W[o][i] for o in [row_begin, row_end),
+// x rows of length W.in with stride ldx, y with stride ldy.
+void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOpts& opts,
+            int64_t row_begin = 0, int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1);
+
+// Options for the FP8/FP4 linears of MODEL.md §3 (activation FP8, bf16 out).
+LinearOpts quant_linear_opts(int act_block, bool pow2);
+
+}  // namespace dsv4

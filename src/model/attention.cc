@@ -1,0 +1,149 @@
+#include "model/attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/formats.h"
+#include "core/thread_pool.h"
+#include "kernels/dot.h"
+#include "kernels/hadamard.h"
+#include "kernels/norm.h"
+#include "kernels/topk.h"
+
+namespace dsv4 {
+
+void AttentionState::reset(const ModelConfig& c, const AttentionWeights& w, int ratio, int64_t max_tile) {
+  // A tile writes its own raw rows before its queries read the window, so
+  // the ring must hold sliding_window − 1 older rows plus the whole tile.
+  window_cap = int64_t(c.sliding_window) - 1 + max_tile;
+  window.assign(size_t(window_cap * c.head_dim), 0.f);
+  if (ratio != 0) comp.reset(w.compressor);
+  if (ratio == 4) idx_comp.reset(w.idx_compressor);
+}
+
+void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out) {
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<float> s(static_cast<size_t>(nkeys));
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < nkeys; ++j) {
+    s[j] = dot_f32(q, keys[j], d) * scale;
+    mx = std::max(mx, s[j]);
+  }
+  float denom = 0.f;
+  for (int64_t j = 0; j < nkeys; ++j) denom += (s[j] = std::exp(s[j] - mx));
+  denom += std::exp(sink - mx);
+  std::fill(out, out + d, 0.f);
+  for (int64_t j = 0; j < nkeys; ++j) {
+    const float p = s[j] / denom;
+    const float* k = keys[j];
+    for (int64_t i = 0; i < d; ++i) out[i] += p * k[i];
+  }
+  for (int64_t i = 0; i < d; ++i) out[i] = bf16r(out[i]);
+}
+
+void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
+                    int topk, std::vector<int32_t>* chosen) {
+  std::vector<float> score(static_cast<size_t>(n_visible));
+  for (int64_t r = 0; r < n_visible; ++r) {
+    const float* k = idx_rows + r * di;
+    float sum = 0.f;
+    for (int h = 0; h < Hi; ++h) {
+      float dh = bf16r(dot_f32(qi + int64_t(h) * di, k, di));
+      sum += bf16r(std::max(dh, 0.f) * wts[h]);
+    }
+    score[size_t(r)] = bf16r(sum);
+  }
+  topk_indices(score.data(), n_visible, topk, chosen);
+  std::sort(chosen->begin(), chosen->end());
+}
+
+void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
+                       const float* x, int64_t p0, int64_t n, AttentionState& st, float* out) {
+  const int64_t H = c.num_attention_heads, d = c.head_dim, rd = c.qk_rope_head_dim, nd = d - rd;
+  const int64_t ql = c.q_lora_rank, G = c.o_groups, ol = c.o_lora_rank;
+  const LinearOpts qopts = quant_linear_opts(c.weight_block_size, c.scale_pow2);
+
+  // Per-token rotation tables for the tile.
+  std::vector<float> cs(size_t(n * rd));
+  for (int64_t i = 0; i < n; ++i) rope.cos_sin(p0 + i, cs.data() + i * rd);
+
+  // §6.1–6.2: q.
+  std::vector<float> qr(size_t(n * ql)), q(size_t(n * H * d));
+  linear(w.wq_a, x, n, qr.data(), qopts);
+  for (int64_t i = 0; i < n; ++i) rms_norm_bf16(qr.data() + i * ql, w.q_norm.data(), ql, c.rms_norm_eps, qr.data() + i * ql);
+  linear(w.wq_b, qr.data(), n, q.data(), qopts);
+  parallel_for_each(n * H, [&](int64_t ih) {
+    float* qh = q.data() + ih * d;
+    q_head_norm_bf16(qh, d, c.rms_norm_eps);
+    rope.rotate(qh + nd, cs.data() + (ih / H) * rd);
+  });
+
+  // §6.3: the raw kv rows, written to the window before any query reads it.
+  std::vector<float> kv(size_t(n * d));
+  linear(w.wkv, x, n, kv.data(), qopts);
+  for (int64_t i = 0; i < n; ++i) {
+    float* r = kv.data() + i * d;
+    rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
+    rope.rotate(r + nd, cs.data() + i * rd);
+    q8_inplace(r, size_t(nd), 64, c.scale_pow2);
+    std::copy(r, r + d, st.window.begin() + ((p0 + i) % st.window_cap) * d);
+  }
+
+  // §7: compressed rows completed inside this tile.
+  if (ratio != 0) compressor_forward(w.compressor, c, rope, x, p0, n, st.comp);
+
+  // §8: indexer queries and weights.
+  const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
+  std::vector<float> qi, wts;
+  if (ratio == 4) {
+    compressor_forward(w.idx_compressor, c, rope, x, p0, n, st.idx_comp);
+    qi.resize(size_t(n * Hi * di));
+    linear(w.idx_wq_b, qr.data(), n, qi.data(), qopts);
+    parallel_for_each(n * Hi, [&](int64_t ih) {
+      float* qh = qi.data() + ih * di;
+      rope.rotate(qh + di - rd, cs.data() + (ih / Hi) * rd);
+      hadamard_bf16(qh, di);
+      q4_inplace(qh, size_t(di), 32);
+    });
+    wts.resize(size_t(n * Hi));
+    linear(w.idx_weights_proj, x, n, wts.data(), LinearOpts{});
+    const float k = bf16r(float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
+    for (float& v : wts) v = bf16r(v * k);
+  }
+
+  // §6.4–6.6: attention per query token, all heads.
+  std::vector<float> o(size_t(n * H * d));
+  parallel_for_each(n, [&](int64_t i) {
+    const int64_t t = p0 + i;
+    std::vector<const float*> keys;
+    for (int64_t j = std::max<int64_t>(0, t - c.sliding_window + 1); j <= t; ++j)
+      keys.push_back(st.window.data() + (j % st.window_cap) * d);
+    if (ratio != 0) {
+      const int64_t visible = (t + 1) / ratio;
+      if (ratio == 4) {
+        std::vector<int32_t> chosen;
+        indexer_select(qi.data() + i * Hi * di, wts.data() + i * Hi, st.idx_comp.rows.data(), visible, int(Hi),
+                       int(di), c.index_topk, &chosen);
+        for (int32_t r : chosen) keys.push_back(st.comp.rows.data() + int64_t(r) * d);
+      } else {
+        for (int64_t r = 0; r < visible; ++r) keys.push_back(st.comp.rows.data() + r * d);
+      }
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      float* oh = o.data() + (i * H + h) * d;
+      attend_head(q.data() + (i * H + h) * d, keys.data(), int64_t(keys.size()), d, w.attn_sink[size_t(h)], oh);
+      rope.rotate(oh + nd, cs.data() + i * rd, /*inverse=*/true);
+    }
+  });
+
+  // §6.7: grouped low-rank output. wo_a's FP8 values are exact in bf16, so
+  // the bf16 product is the FP8 weight without activation quantisation.
+  const int64_t gw = H * d / G;
+  std::vector<float> u(size_t(n * G * ol));
+  LinearOpts bf16_out;
+  for (int64_t g = 0; g < G; ++g)
+    linear(w.wo_a, o.data() + g * gw, n, u.data() + g * ol, bf16_out, g * ol, (g + 1) * ol, H * d, G * ol);
+  linear(w.wo_b, u.data(), n, out, qopts);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,40 @@
+// The attention sublayer of every layer (MODEL.md §6): low-rank q, one shared
+// latent kv row per token (K = V), the sliding window, the compressed rows of
+// CSA/HCA layers chosen by the lightning indexer (§8), the attention sink and
+// the grouped low-rank output.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+#include "kernels/rope.h"
+#include "model/compressor.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+struct AttentionState {
+  int64_t window_cap = 0;       // rows in the raw window ring
+  std::vector<float> window;    // [window_cap][d]; position t at row t % window_cap
+  CompressorState comp;         // main compressor (ratio != 0)
+  CompressorState idx_comp;     // indexer compressor (ratio == 4)
+
+  // Empty state able to take tiles of up to max_tile tokens.
+  void reset(const ModelConfig& c, const AttentionWeights& w, int ratio, int64_t max_tile);
+};
+
+// x: the tile's normalised sublayer input [n][D] (bf16) at positions
+// [p0, p0 + n). Writes the sublayer output [n][D] (bf16) to out.
+void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
+                       const float* x, int64_t p0, int64_t n, AttentionState& st, float* out);
+
+// Lightning indexer selection for one query (MODEL.md §8.3–8.4): scores the
+// n_visible indexer rows with the query's prepared heads qi [Hi][di] and
+// weights wts [Hi], and returns the chosen row indices in ascending order.
+void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
+                    int topk, std::vector<int32_t>* chosen);
+
+// Sparse attention with sink for one head: keys[j] rows of width d (K = V).
+void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out);
+
+}  // namespace dsv4

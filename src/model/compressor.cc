@@ -1,0 +1,87 @@
+#include "model/compressor.h"
+
+#include <cmath>
+
+#include "core/formats.h"
+#include "kernels/hadamard.h"
+#include "kernels/norm.h"
+
+namespace dsv4 {
+
+void CompressorState::reset(const CompressorWeights& w) {
+  const size_t slots = size_t(w.coff * w.ratio), width = size_t(w.coff * w.head_dim);
+  a.assign(slots * width, 0.f);
+  g.assign(slots * width, 0.f);
+  rows.clear();
+  n_rows = 0;
+}
+
+void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
+                         const CompressorState& st, int64_t ci, float* out) {
+  const int r = w.ratio, hd = w.head_dim, coff = w.coff, slots = coff * r, width = coff * hd;
+  // Slot list: for r = 4, block ci−1 (first half channels) then block ci
+  // (second half); for r = 128, block ci only.
+  std::vector<int64_t> tok;
+  std::vector<int> half;
+  if (coff == 2) {
+    for (int s = 0; s < r; ++s) { tok.push_back((ci - 1) * r + s); half.push_back(0); }
+    for (int s = 0; s < r; ++s) { tok.push_back(ci * r + s); half.push_back(1); }
+  } else {
+    for (int s = 0; s < r; ++s) { tok.push_back(ci * r + s); half.push_back(0); }
+  }
+  const int ns = int(tok.size());
+  std::vector<float> p(static_cast<size_t>(ns));
+  for (int ch = 0; ch < hd; ++ch) {
+    float mx = -INFINITY;
+    for (int s = 0; s < ns; ++s) {
+      if (tok[s] < 0) { p[s] = -INFINITY; continue; }
+      p[s] = st.g[size_t((tok[s] % slots) * width + half[s] * hd + ch)];
+      mx = std::max(mx, p[s]);
+    }
+    float sum = 0.f;
+    for (int s = 0; s < ns; ++s) sum += (p[s] = tok[s] < 0 ? 0.f : std::exp(p[s] - mx));
+    float v = 0.f;
+    for (int s = 0; s < ns; ++s) {
+      if (tok[s] < 0) continue;
+      v += (p[s] / sum) * st.a[size_t((tok[s] % slots) * width + half[s] * hd + ch)];
+    }
+    out[ch] = bf16r(v);
+  }
+  rms_norm_bf16(out, w.norm.data(), hd, c.rms_norm_eps, out);
+  std::vector<float> cs(size_t(rope.rd()));
+  rope.cos_sin(ci * r, cs.data());
+  rope.rotate(out + hd - rope.rd(), cs.data());
+  if (w.indexer) {
+    hadamard_bf16(out, hd);
+    q4_inplace(out, size_t(hd), 32);
+  } else {
+    q8_inplace(out, size_t(hd - rope.rd()), 64, c.scale_pow2);
+  }
+}
+
+void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
+                        int64_t p0, int64_t n, CompressorState& st) {
+  const int r = w.ratio, hd = w.head_dim, slots = w.coff * r, width = w.coff * hd;
+  std::vector<float> A(size_t(n * width)), G(size_t(n * width));
+  LinearOpts fp32_out;
+  fp32_out.out_bf16 = false;
+  linear(w.wkv, x, n, A.data(), fp32_out);
+  linear(w.wgate, x, n, G.data(), fp32_out);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = p0 + i;
+    const size_t slot = size_t(t % slots) * size_t(width);
+    const float* ape = w.ape.data() + (t % r) * width;
+    for (int k = 0; k < width; ++k) {
+      st.a[slot + k] = A[size_t(i * width + k)];
+      st.g[slot + k] = G[size_t(i * width + k)] + ape[k];
+    }
+    if ((t + 1) % r == 0) {
+      const int64_t ci = (t + 1) / r - 1;
+      st.rows.resize(size_t((ci + 1) * hd));
+      compressor_emit_row(w, c, rope, st, ci, st.rows.data() + ci * hd);
+      st.n_rows = ci + 1;
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,26 @@
+// A loaded model: config, mapped checkpoint, weights and RoPE tables.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "kernels/rope.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+struct Model {
+  ModelConfig config;
+  Checkpoint checkpoint;  // owns the mappings the weights point into
+  ModelWeights weights;
+  RopeTable rope_swa;         // ratio-0 layers
+  RopeTable rope_compressed;  // CSA / HCA layers (YaRN)
+
+  const RopeTable& rope(int layer) const { return config.ratio(layer) ? rope_compressed : rope_swa; }
+
+  // Reads DIR/config.json and the checkpoint, validating every tensor.
+  static std::unique_ptr<Model> load(const std::string& dir);
+};
+
+}  // namespace dsv4

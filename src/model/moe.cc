@@ -1,0 +1,115 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/formats.h"
+#include "kernels/topk.h"
+
+namespace dsv4 {
+
+Routing moe_route(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
+                  int64_t n) {
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::vector<float> logits(size_t(n * E));
+  LinearOpts fp32_out;
+  fp32_out.out_bf16 = false;
+  linear(w.gate, x, n, logits.data(), fp32_out);
+  Routing r;
+  r.expert.resize(size_t(n * k));
+  r.weight.resize(size_t(n * k));
+  std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+  std::vector<int32_t> idx;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = logits.data() + t * E;
+    switch (c.scoring_func) {
+      case ScoringFunc::kSqrtSoftplus:
+        for (int64_t e = 0; e < E; ++e) s[e] = std::sqrt(l[e] > 20.f ? l[e] : std::log1p(std::exp(l[e])));
+        break;
+      case ScoringFunc::kSigmoid:
+        for (int64_t e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-l[e]));
+        break;
+      case ScoringFunc::kSoftmax: {
+        float mx = *std::max_element(l, l + E), sum = 0.f;
+        for (int64_t e = 0; e < E; ++e) sum += (s[e] = std::exp(l[e] - mx));
+        for (int64_t e = 0; e < E; ++e) s[e] /= sum;
+        break;
+      }
+    }
+    if (c.is_hash_layer(layer)) {
+      idx.assign(w.tid2eid.begin() + tokens[t] * k, w.tid2eid.begin() + (tokens[t] + 1) * k);
+    } else {
+      for (int64_t e = 0; e < E; ++e) biased[e] = s[e] + w.gate_bias[size_t(e)];
+      topk_indices(biased.data(), E, k, &idx);
+    }
+    float sum = 0.f;
+    for (int32_t e : idx) sum += s[size_t(e)];
+    // Keep each token's experts in ascending id: the order the sum uses.
+    std::vector<int32_t> sorted = idx;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t j = 0; j < k; ++j) {
+      const float se = s[size_t(sorted[j])];
+      r.expert[size_t(t * k + j)] = sorted[j];
+      r.weight[size_t(t * k + j)] =
+          (c.scoring_func == ScoringFunc::kSoftmax ? se : se / sum) * c.routed_scaling_factor;
+    }
+  }
+  return r;
+}
+
+void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x, int64_t m, const float* row_weight,
+                    float* y) {
+  const int64_t I = c.moe_intermediate_size;
+  const LinearOpts q = quant_linear_opts(c.weight_block_size, c.scale_pow2);
+  std::vector<float> g(size_t(m * I)), u(size_t(m * I));
+  linear(e.w1, x, m, g.data(), q);
+  linear(e.w3, x, m, u.data(), q);
+  const float L = c.swiglu_limit;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < I; ++i) {
+      float gv = g[size_t(r * I + i)], uv = u[size_t(r * I + i)];
+      if (L > 0) {
+        uv = std::clamp(uv, -L, L);
+        gv = std::min(gv, L);
+      }
+      float h = gv / (1.0f + std::exp(-gv)) * uv;
+      if (row_weight) h *= row_weight[r];
+      g[size_t(r * I + i)] = bf16r(h);
+    }
+  linear(e.w2, g.data(), m, y, q);
+}
+
+void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
+                 int64_t n, float* out) {
+  const int64_t D = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  Routing r = moe_route(w, c, layer, x, tokens, n);
+  // Group rows by expert; y_routed[t][j] is expert r.expert[t][j]'s output.
+  std::vector<float> y_routed(size_t(n * k * D));
+  std::vector<std::vector<int64_t>> rows_of(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n * k; ++t) rows_of[size_t(r.expert[size_t(t)])].push_back(t);
+  std::vector<float> xe, we, ye;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = rows_of[size_t(e)];
+    if (rows.empty()) continue;
+    const int64_t m = int64_t(rows.size());
+    xe.resize(size_t(m * D));
+    we.resize(static_cast<size_t>(m));
+    ye.resize(size_t(m * D));
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy(x + (rows[i] / k) * D, x + (rows[i] / k + 1) * D, xe.begin() + i * D);
+      we[size_t(i)] = r.weight[size_t(rows[i])];
+    }
+    expert_forward(w.experts[size_t(e)], c, xe.data(), m, we.data(), ye.data());
+    for (int64_t i = 0; i < m; ++i) std::copy(ye.begin() + i * D, ye.begin() + (i + 1) * D, y_routed.begin() + rows[i] * D);
+  }
+  std::vector<float> ys(size_t(n * D));
+  expert_forward(w.shared, c, x, n, nullptr, ys.data());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t ch = 0; ch < D; ++ch) {
+      float s = 0.f;
+      for (int64_t j = 0; j < k; ++j) s += y_routed[size_t((t * k + j) * D + ch)];
+      out[t * D + ch] = bf16r(s + ys[size_t(t * D + ch)]);
+    }
+}
+
+}  // namespace dsv4

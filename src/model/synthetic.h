@@ -1,0 +1,27 @@
+// Synthetic checkpoints in the official layout (CHECKPOINT.md), deterministic
+// in the seed, for tests, benchmarks and the embedded default model.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "io/config.h"
+
+namespace dsv4 {
+
+struct SyntheticOptions {
+  std::string preset = "tiny";  // "tiny" or "flash"
+  uint64_t seed = 0;
+  int layers = -1;   // overrides (-1 = the preset's value)
+  int experts = -1;
+  int vocab = -1;
+  int shards = 2;    // safetensors files (1 = a single model.safetensors)
+};
+
+// The config a preset (with overrides) describes; throws dsv4::Error on an
+// unknown preset or an override that breaks the structure.
+ModelConfig synthetic_config(const SyntheticOptions& o);
+
+// Writes DIR/config.json and the safetensors shards (+ index when shards > 1).
+void write_synthetic_model(const std::string& dir, const SyntheticOptions& o);
+
+}  // namespace dsv4

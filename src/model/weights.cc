@@ -1,0 +1,134 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/formats.h"
+
+namespace dsv4 {
+
+std::vector<float> load_vector(const Checkpoint& ck, const std::string& name, const Shape& shape,
+                               const std::vector<DType>& dtypes) {
+  const TensorView& t = ck.get_any(name, dtypes, shape);
+  std::vector<float> v(size_t(t.numel()));
+  if (t.dtype == DType::kF32) {
+    std::memcpy(v.data(), t.data, v.size() * 4);
+  } else {
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      v[i] = bf16_to_f32(h);
+    }
+  }
+  return v;
+}
+
+namespace {
+
+HcWeights load_hc(const Checkpoint& ck, const std::string& p, const ModelConfig& c) {
+  const int64_t mix = int64_t(2 + c.hc_mult) * c.hc_mult, width = int64_t(c.hc_mult) * c.hidden_size;
+  HcWeights w;
+  w.fn = load_vector(ck, p + "_fn", {mix, width}, {DType::kF32});
+  w.base = load_vector(ck, p + "_base", {mix}, {DType::kF32});
+  w.scale = load_vector(ck, p + "_scale", {3}, {DType::kF32});
+  return w;
+}
+
+CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, const ModelConfig& c, int ratio,
+                                  int hd, bool indexer) {
+  CompressorWeights w;
+  w.ratio = ratio;
+  w.coff = ratio == 4 ? 2 : 1;
+  w.head_dim = hd;
+  w.indexer = indexer;
+  const int64_t D = c.hidden_size, width = int64_t(w.coff) * hd;
+  w.wkv = load_weight(ck, p + ".wkv", Weight::Kind::kBF16, width, D, c.weight_block_size);
+  w.wgate = load_weight(ck, p + ".wgate", Weight::Kind::kBF16, width, D, c.weight_block_size);
+  w.ape = load_vector(ck, p + ".ape", {ratio, width}, {DType::kF32});
+  w.norm = load_vector(ck, p + ".norm.weight", {hd}, {DType::kBF16, DType::kF32});
+  return w;
+}
+
+ExpertWeights load_expert(const Checkpoint& ck, const std::string& p, const ModelConfig& c, Weight::Kind kind) {
+  const int64_t D = c.hidden_size, I = c.moe_intermediate_size;
+  ExpertWeights e;
+  e.w1 = load_weight(ck, p + ".w1", kind, I, D, c.weight_block_size);
+  e.w3 = load_weight(ck, p + ".w3", kind, I, D, c.weight_block_size);
+  e.w2 = load_weight(ck, p + ".w2", kind, D, I, c.weight_block_size);
+  return e;
+}
+
+}  // namespace
+
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c) {
+  const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, B = c.weight_block_size;
+  const int64_t H = c.num_attention_heads, d = c.head_dim;
+  const auto FP8 = Weight::Kind::kFP8, BF16 = Weight::Kind::kBF16;
+  ModelWeights m;
+  m.embed = load_weight(ck, "embed", BF16, V, D, int(B));
+  m.head = load_weight(ck, "head", BF16, V, D, int(B));
+  m.norm = load_vector(ck, "norm.weight", {D}, {DType::kBF16, DType::kF32});
+  m.hc_head.fn = load_vector(ck, "hc_head_fn", {hc, hc * D}, {DType::kF32});
+  m.hc_head.base = load_vector(ck, "hc_head_base", {hc}, {DType::kF32});
+  m.hc_head.scale = load_vector(ck, "hc_head_scale", {1}, {DType::kF32});
+  for (int L = 0; L < c.num_hidden_layers; ++L) {
+    const std::string p = "layers." + std::to_string(L) + ".";
+    LayerWeights lw;
+    lw.ratio = c.ratio(L);
+    lw.hc_attn = load_hc(ck, p + "hc_attn", c);
+    lw.hc_ffn = load_hc(ck, p + "hc_ffn", c);
+    lw.attn_norm = load_vector(ck, p + "attn_norm.weight", {D}, {DType::kBF16, DType::kF32});
+    lw.ffn_norm = load_vector(ck, p + "ffn_norm.weight", {D}, {DType::kBF16, DType::kF32});
+    AttentionWeights& a = lw.attn;
+    const std::string ap = p + "attn.";
+    a.wq_a = load_weight(ck, ap + "wq_a", FP8, c.q_lora_rank, D, int(B));
+    a.q_norm = load_vector(ck, ap + "q_norm.weight", {c.q_lora_rank}, {DType::kBF16, DType::kF32});
+    a.wq_b = load_weight(ck, ap + "wq_b", FP8, H * d, c.q_lora_rank, int(B));
+    a.wkv = load_weight(ck, ap + "wkv", FP8, d, D, int(B));
+    a.kv_norm = load_vector(ck, ap + "kv_norm.weight", {d}, {DType::kBF16, DType::kF32});
+    a.wo_a = load_weight(ck, ap + "wo_a", FP8, int64_t(c.o_groups) * c.o_lora_rank, H * d / c.o_groups, int(B));
+    a.wo_b = load_weight(ck, ap + "wo_b", FP8, D, int64_t(c.o_groups) * c.o_lora_rank, int(B));
+    a.attn_sink = load_vector(ck, ap + "attn_sink", {H}, {DType::kF32});
+    if (lw.ratio != 0) a.compressor = load_compressor(ck, ap + "compressor", c, lw.ratio, c.head_dim, false);
+    if (lw.ratio == 4) {
+      const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
+      a.idx_wq_b = load_weight(ck, ap + "indexer.wq_b", FP8, Hi * di, c.q_lora_rank, int(B));
+      a.idx_weights_proj = load_weight(ck, ap + "indexer.weights_proj", BF16, Hi, D, int(B));
+      a.idx_compressor = load_compressor(ck, ap + "indexer.compressor", c, 4, c.index_head_dim, true);
+    }
+    MoeWeights& f = lw.ffn;
+    const std::string fp = p + "ffn.";
+    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+    f.gate = load_weight(ck, fp + "gate", BF16, E, D, int(B));
+    if (c.is_hash_layer(L)) {
+      const TensorView& t = ck.get_any(fp + "gate.tid2eid", {DType::kI64, DType::kI32}, {V, k});
+      f.tid2eid.resize(size_t(V * k));
+      for (size_t i = 0; i < f.tid2eid.size(); ++i) {
+        int64_t v;
+        if (t.dtype == DType::kI64) {
+          std::memcpy(&v, t.data + 8 * i, 8);
+        } else {
+          int32_t v32;
+          std::memcpy(&v32, t.data + 4 * i, 4);
+          v = v32;
+        }
+        if (v < 0 || v >= E)
+          throw Error(t.file + ": tensor '" + t.name + "' entry " + std::to_string(i) + " = " + std::to_string(v) +
+                      " is not an expert id < " + std::to_string(E));
+        f.tid2eid[i] = int32_t(v);
+      }
+    } else {
+      std::string bn = ck.has(fp + "gate.bias") || !ck.has(fp + "gate.e_score_correction_bias")
+                           ? fp + "gate.bias" : fp + "gate.e_score_correction_bias";
+      f.gate_bias = load_vector(ck, bn, {E}, {DType::kF32, DType::kBF16});
+    }
+    f.experts.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      f.experts[size_t(e)] = load_expert(ck, fp + "experts." + std::to_string(e), c, Weight::Kind::kFP4);
+    f.shared = load_expert(ck, fp + "shared_experts", c, FP8);
+    m.layers.push_back(std::move(lw));
+  }
+  return m;
+}
+
+}  // namespace dsv4

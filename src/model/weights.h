@@ -1,0 +1,69 @@
+// The model's weights as the forward uses them, loaded from a Checkpoint with
+// every name, dtype and shape checked against the config (CHECKPOINT.md).
+// Large matrices stay in the mapped file in their checkpoint format; small
+// vectors (norms, hc mixers, biases) are copied to fp32.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "kernels/linear.h"
+#include "model/hc.h"
+
+namespace dsv4 {
+
+struct CompressorWeights {
+  int ratio = 0;      // r
+  int coff = 1;       // 2 for overlapping windows (r == 4)
+  int head_dim = 0;   // output row width
+  bool indexer = false;
+  Weight wkv, wgate;         // BF16 [coff·hd][D]
+  std::vector<float> ape;    // [r][coff·hd]
+  std::vector<float> norm;   // [hd]
+};
+
+struct AttentionWeights {
+  std::vector<float> q_norm, kv_norm, attn_sink;
+  Weight wq_a, wq_b, wkv, wo_a, wo_b;
+  CompressorWeights compressor;        // ratio != 0
+  Weight idx_wq_b, idx_weights_proj;   // ratio == 4
+  CompressorWeights idx_compressor;    // ratio == 4
+};
+
+struct ExpertWeights {
+  Weight w1, w2, w3;
+};
+
+struct MoeWeights {
+  Weight gate;                  // BF16 [E][D]
+  std::vector<float> gate_bias; // [E] (non-hash layers)
+  std::vector<int32_t> tid2eid; // [vocab][k] (hash layers)
+  std::vector<ExpertWeights> experts;  // routed; empty entries for experts not held
+  ExpertWeights shared;
+};
+
+struct LayerWeights {
+  int ratio = 0;
+  HcWeights hc_attn, hc_ffn;
+  std::vector<float> attn_norm, ffn_norm;
+  AttentionWeights attn;
+  MoeWeights ffn;
+};
+
+struct ModelWeights {
+  Weight embed;  // BF16 [vocab][D]
+  Weight head;   // BF16 [vocab][D]
+  std::vector<float> norm;
+  HcHeadWeights hc_head;
+  std::vector<LayerWeights> layers;
+};
+
+// Copies a small F32/BF16 tensor of the given shape to fp32.
+std::vector<float> load_vector(const Checkpoint& ck, const std::string& name, const Shape& shape,
+                               const std::vector<DType>& dtypes = {DType::kF32, DType::kBF16});
+
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c);
+
+}  // namespace dsv4

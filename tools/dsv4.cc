@@ -1,0 +1,200 @@
+// The dsv4 command: prefill, synthetic checkpoints, inspection.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/prefill.h"
+#include "io/npy.h"
+#include "model/model.h"
+
+using namespace dsv4;
+using nlohmann::json;
+
+namespace {
+
+const char* kHelp = R"(dsv4 — DeepSeek-V4 prefill engine
+
+usage: dsv4 <command> [options]
+
+commands:
+  prefill     run the prefill forward of a prompt and report the next token
+      --model DIR             checkpoint directory (config.json + safetensors)
+      --tokens FILE.json      prompt as a JSON array of token ids
+      --prompt TEXT           prompt as text; until the tokenizer lands, each
+                              UTF-8 byte b becomes token id (b % vocab_size)
+                              after a BOS token (synthetic models only)
+      --threads N             worker threads (default: all cores)
+      --tile-tokens T         positions per tile (default 128; 0 = whole prompt)
+      --max-prompt N          longest accepted prompt (default: max_position_embeddings)
+      --dump-logits OUT.npy   last row's logits, float32 [vocab]
+      --dump-hidden OUT.npy   final normalised hidden rows, float32 [N, hidden]
+      --dump-residuals OUT.npy  every layer's output residual stream,
+                              float32 [layers, N, hc, hidden]
+      --teacher-force IN.npy  layer L takes IN[L-1] as input (same shape as
+                              --dump-residuals); layer 0 takes the embedding
+      --top K                 print the top-K logits (default 5)
+      --json                  print one JSON object instead of text
+  gen-model   write a synthetic checkpoint in the official layout
+      --preset tiny|flash     base configuration
+      --seed S                random seed (default 0)
+      --out DIR               output directory
+      --layers L --experts E --vocab V   overrides
+      --shards K              number of safetensors shards (default 2)
+  help        this text
+
+Errors in input (files, config, prompt) print one line and exit with code 2.
+)";
+
+struct Args {
+  std::string command;
+  std::map<std::string, std::string> opts;
+  bool has(const std::string& k) const { return opts.count(k) != 0; }
+  std::string get(const std::string& k, const std::string& d = "") const {
+    auto it = opts.find(k);
+    return it == opts.end() ? d : it->second;
+  }
+  int64_t get_int(const std::string& k, int64_t d) const {
+    if (!has(k)) return d;
+    const std::string& v = opts.at(k);
+    char* end = nullptr;
+    long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end) throw Error("option --" + k + " needs an integer, got '" + v + "'");
+    return x;
+  }
+};
+
+const std::vector<std::string> kFlags = {"json"};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  if (argc < 2) return a;
+  a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) != 0) throw Error("unexpected argument '" + s + "'");
+    s = s.substr(2);
+    if (std::find(kFlags.begin(), kFlags.end(), s) != kFlags.end()) {
+      a.opts[s] = "1";
+      continue;
+    }
+    if (i + 1 >= argc) throw Error("option --" + s + " needs a value");
+    a.opts[s] = argv[++i];
+  }
+  return a;
+}
+
+std::vector<int32_t> read_tokens_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot open token file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_array()) throw Error(path + ": expected a JSON array of token ids");
+  std::vector<int32_t> t;
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (!j[i].is_number_integer()) throw Error(path + ": element " + std::to_string(i) + " is not an integer");
+    int64_t v = j[i].get<int64_t>();
+    if (v < 0 || v > INT32_MAX) throw Error(path + ": token " + std::to_string(i) + " = " + std::to_string(v) + " is out of range");
+    t.push_back(int32_t(v));
+  }
+  return t;
+}
+
+std::vector<int32_t> bytes_to_tokens(const std::string& text, const ModelConfig& c) {
+  std::vector<int32_t> t{c.bos_token_id};
+  for (unsigned char ch : text) t.push_back(int32_t(ch % c.vocab_size));
+  return t;
+}
+
+void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
+  for (auto& kv : a.opts)
+    if (std::find(allowed.begin(), allowed.end(), kv.first) == allowed.end())
+      throw Error("unknown option --" + kv.first + " for '" + a.command + "' (see dsv4 --help)");
+}
+
+int cmd_prefill(const Args& a) {
+  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "dump-logits", "dump-hidden",
+                    "dump-residuals", "teacher-force", "top", "json"});
+  if (!a.has("model")) throw Error("prefill needs --model DIR");
+  if (a.has("tokens") == a.has("prompt")) throw Error("prefill needs exactly one of --tokens FILE or --prompt TEXT");
+  if (a.has("threads")) ThreadPool::set_threads(int(a.get_int("threads", 0)));
+  auto model = Model::load(a.get("model"));
+  const ModelConfig& c = model->config;
+  std::vector<int32_t> tokens = a.has("tokens") ? read_tokens_file(a.get("tokens")) : bytes_to_tokens(a.get("prompt"), c);
+
+  PrefillOptions o;
+  o.tile_tokens = a.get_int("tile-tokens", 128);
+  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  o.max_prompt = a.get_int("max-prompt", 0);
+  o.keep_hidden = a.has("dump-hidden");
+  o.keep_residuals = a.has("dump-residuals");
+  validate_prompt(c, tokens, o.max_prompt);
+  const int64_t N = int64_t(tokens.size()), L = c.num_hidden_layers, hc = c.hc_mult, D = c.hidden_size;
+  NpyArray teacher;
+  if (a.has("teacher-force")) {
+    teacher = read_npy(a.get("teacher-force"));
+    std::vector<int64_t> want = {L, N, hc, D};
+    if (teacher.shape != want)
+      throw Error(a.get("teacher-force") + ": shape " + shape_str(teacher.shape) + ", expected " + shape_str(want));
+    o.teacher = teacher.data.data();
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  PrefillResult r = prefill(*model, tokens, o);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (a.has("dump-logits")) write_npy(a.get("dump-logits"), r.logits.data(), {c.vocab_size});
+  if (a.has("dump-hidden")) write_npy(a.get("dump-hidden"), r.hidden.data(), {N, D});
+  if (a.has("dump-residuals")) write_npy(a.get("dump-residuals"), r.residuals.data(), {L, N, hc, D});
+
+  const int64_t topn = std::min<int64_t>(a.get_int("top", 5), c.vocab_size);
+  std::vector<int32_t> order(size_t(c.vocab_size));
+  for (int32_t i = 0; i < c.vocab_size; ++i) order[size_t(i)] = i;
+  std::partial_sort(order.begin(), order.begin() + topn, order.end(), [&](int32_t x, int32_t y) {
+    return r.logits[size_t(x)] != r.logits[size_t(y)] ? r.logits[size_t(x)] > r.logits[size_t(y)] : x < y;
+  });
+  if (a.has("json")) {
+    json top = json::array();
+    for (int64_t i = 0; i < topn; ++i) top.push_back({{"id", order[size_t(i)]}, {"logit", r.logits[size_t(order[size_t(i)])]}});
+    json out = {{"n_tokens", N}, {"next_token", r.next_token}, {"seconds", secs},
+                {"tokens_per_second", double(N) / secs}, {"top", top}};
+    std::cout << out.dump() << std::endl;
+  } else {
+    std::printf("prompt: %lld tokens\nnext token: %d\ntop-%lld logits:\n", (long long)N, r.next_token, (long long)topn);
+    for (int64_t i = 0; i < topn; ++i) std::printf("  %8d  %10.4f\n", order[size_t(i)], r.logits[size_t(order[size_t(i)])]);
+    std::printf("prefill: %.3f s, %.1f tokens/s\n", secs, double(N) / secs);
+  }
+  return 0;
+}
+
+}  // namespace
+
+
+int main(int argc, char** argv) {
+  try {
+    Args a = parse_args(argc, argv);
+    if (a.command.empty() || a.command == "help" || a.command == "--help" || a.command == "-h") {
+      std::fputs(kHelp, stdout);
+      return a.command.empty() ? 2 : 0;
+    }
+    if (a.command == "prefill") return cmd_prefill(a);
+    throw Error("unknown command '" + a.command + "' (see dsv4 --help)");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dsv4: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "dsv4: error: out of memory\n");
+    return 2;
+  }
+}
