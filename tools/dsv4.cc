@@ -139,7 +139,7 @@ int cmd_prefill(const Args& a) {
   o.max_prompt = a.get_int("max-prompt", 0);
   o.keep_hidden = a.has("dump-hidden");
   o.keep_residuals = a.has("dump-residuals");
-  validate_prompt(c, tokens, o.max_prompt);
+  validate_prompt(c, tokens, prompt_limit(c, o.max_prompt));
   const int64_t N = int64_t(tokens.size()), L = c.num_hidden_layers, hc = c.hc_mult, D = c.hidden_size;
   NpyArray teacher;
   if (a.has("teacher-force")) {

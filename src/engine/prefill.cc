@@ -12,13 +12,16 @@
 
 namespace dsv4 {
 
-void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t max_prompt) {
+int64_t prompt_limit(const ModelConfig& c, int64_t max_prompt) {
+  return max_prompt > 0 ? std::min<int64_t>(max_prompt, c.max_position_embeddings) : c.max_position_embeddings;
+}
+
+void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t limit, int64_t start) {
   if (tokens.empty()) throw Error("prompt is empty: at least one token is needed");
-  const int64_t limit = max_prompt > 0 ? std::min<int64_t>(max_prompt, c.max_position_embeddings)
-                                       : c.max_position_embeddings;
-  if (int64_t(tokens.size()) > limit)
-    throw Error("prompt has " + std::to_string(tokens.size()) + " tokens, more than the limit of " +
-                std::to_string(limit) + " (max_prompt / max_position_embeddings)");
+  if (start + int64_t(tokens.size()) > limit)
+    throw Error("request of " + std::to_string(start + int64_t(tokens.size())) +
+                " tokens is longer than the limit of " + std::to_string(limit) +
+                " (--max-prompt, capped by max_position_embeddings)");
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       throw Error("token " + std::to_string(i) + " has id " + std::to_string(tokens[i]) +
@@ -57,51 +60,65 @@ void block_forward(const Model& m, int layer, const int32_t* tokens, int64_t p0,
 
 }  // namespace
 
-PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts) {
+void RequestState::init(const Model& model, int64_t tile) {
   const ModelConfig& c = model.config;
-  validate_prompt(c, tokens, opts.max_prompt);
-  const int64_t N = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, L = c.num_hidden_layers;
-  const int64_t T = opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N;
+  max_tile = tile;
+  n_tokens = 0;
+  layers.assign(size_t(c.num_hidden_layers), AttentionState{});
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    layers[size_t(l)].reset(c, model.weights.layers[size_t(l)].attn, c.ratio(l), tile);
+}
 
-  RequestState st;
-  st.layers.resize(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l)
-    st.layers[size_t(l)].reset(c, model.weights.layers[size_t(l)].attn, c.ratio(int(l)), T);
+PrefillResult extend(const Model& model, RequestState& st, const std::vector<int32_t>& tokens,
+                     const PrefillOptions& opts) {
+  const ModelConfig& c = model.config;
+  if (st.n_tokens > 0 && opts.teacher) throw Error("teacher forcing needs a request that starts at position 0");
+  validate_prompt(c, tokens, prompt_limit(c, opts.max_prompt), st.n_tokens);
+  const int64_t N = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, L = c.num_hidden_layers;
+  const int64_t T = std::min(opts.tile_tokens > 0 ? opts.tile_tokens : N, st.max_tile);
+  const int64_t start = st.n_tokens;
 
   PrefillResult res;
   if (opts.keep_hidden) res.hidden.resize(size_t(N * D));
   if (opts.keep_residuals) res.residuals.resize(size_t(L * N * hc * D));
   std::vector<float> X, head_in(size_t(T * D)), hidden(size_t(T * D)), erow(static_cast<size_t>(D));
 
-  for (int64_t p0 = 0; p0 < N; p0 += T) {
-    const int64_t n = std::min(T, N - p0);
+  for (int64_t i0 = 0; i0 < N; i0 += T) {
+    const int64_t n = std::min(T, N - i0), p0 = start + i0;
     X.resize(size_t(n * hc * D));
     for (int64_t i = 0; i < n; ++i) {
-      model.weights.embed.dequant_row(tokens[size_t(p0 + i)], erow.data());
+      model.weights.embed.dequant_row(tokens[size_t(i0 + i)], erow.data());
       for (int64_t k = 0; k < hc; ++k) std::copy(erow.begin(), erow.end(), X.begin() + (i * hc + k) * D);
     }
     for (int64_t l = 0; l < L; ++l) {
       if (opts.teacher && l > 0)
-        std::memcpy(X.data(), opts.teacher + (((l - 1) * N + p0) * hc) * D, size_t(n * hc * D) * sizeof(float));
-      block_forward(model, int(l), tokens.data() + p0, p0, n, X.data(), st.layers[size_t(l)]);
+        std::memcpy(X.data(), opts.teacher + (((l - 1) * N + i0) * hc) * D, size_t(n * hc * D) * sizeof(float));
+      block_forward(model, int(l), tokens.data() + i0, p0, n, X.data(), st.layers[size_t(l)]);
       if (opts.keep_residuals)
-        std::memcpy(res.residuals.data() + ((l * N + p0) * hc) * D, X.data(), size_t(n * hc * D) * sizeof(float));
+        std::memcpy(res.residuals.data() + ((l * N + i0) * hc) * D, X.data(), size_t(n * hc * D) * sizeof(float));
     }
     hc_head(X.data(), n, int(hc), D, model.weights.hc_head, c.hc_eps, c.rms_norm_eps, head_in.data());
     for (int64_t i = 0; i < n; ++i)
       rms_norm_bf16(head_in.data() + i * D, model.weights.norm.data(), D, c.rms_norm_eps, hidden.data() + i * D);
-    if (opts.keep_hidden) std::copy(hidden.begin(), hidden.begin() + n * D, res.hidden.begin() + p0 * D);
-    if (p0 + n == N) {
+    if (opts.keep_hidden) std::copy(hidden.begin(), hidden.begin() + n * D, res.hidden.begin() + i0 * D);
+    if (i0 + n == N) {
       if (!opts.keep_hidden) res.hidden.assign(hidden.begin() + (n - 1) * D, hidden.begin() + n * D);
       res.logits.resize(size_t(c.vocab_size));
       LinearOpts fp32_out;
       fp32_out.out_bf16 = false;
       linear(model.weights.head, hidden.data() + (n - 1) * D, 1, res.logits.data(), fp32_out);
     }
+    st.n_tokens = p0 + n;
   }
-  st.n_tokens = N;
   res.next_token = argmax(res.logits.data(), c.vocab_size);
   return res;
+}
+
+PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts) {
+  RequestState st;
+  const int64_t N = int64_t(tokens.size());
+  st.init(model, std::max<int64_t>(1, opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N));
+  return extend(model, st, tokens, opts);
 }
 
 }  // namespace dsv4

@@ -10,9 +10,15 @@
 
 namespace dsv4 {
 
+// Everything a request carries from one tile to the next: per layer, the
+// raw KV window, the compressed and indexer rows and the compressor states.
 struct RequestState {
   std::vector<AttentionState> layers;
   int64_t n_tokens = 0;  // positions already processed
+  int64_t max_tile = 0;  // largest tile the window rings can take
+
+  // Empty state for tiles of up to max_tile tokens.
+  void init(const Model& model, int64_t max_tile);
 };
 
 struct PrefillOptions {
@@ -31,10 +37,21 @@ struct PrefillResult {
   std::vector<float> residuals;  // [layers][N][hc][D] when keep_residuals
 };
 
-// Checks the prompt (non-empty, ids < vocab_size, length <= the limit) and
-// throws dsv4::Error naming what is wrong.
-void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t max_prompt);
+// The longest request accepted: max_prompt (0 = no own limit) capped by
+// max_position_embeddings.
+int64_t prompt_limit(const ModelConfig& c, int64_t max_prompt);
 
+// Checks tokens to be appended at position `start` (non-empty, ids <
+// vocab_size, start + N <= limit) and throws dsv4::Error naming what is wrong.
+void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t limit, int64_t start = 0);
+
+// Processes `tokens` at positions [state.n_tokens, state.n_tokens + N) in
+// tiles, continuing from `state` (prefill when it is empty, decoding when N
+// is 1). Teacher forcing is only accepted from position 0.
+PrefillResult extend(const Model& model, RequestState& state, const std::vector<int32_t>& tokens,
+                     const PrefillOptions& opts);
+
+// A whole prompt from empty state.
 PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts);
 
 // Greedy choice: the largest logit, the lower id on ties.
