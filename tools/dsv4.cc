@@ -17,6 +17,7 @@
 #include "engine/prefill.h"
 #include "io/npy.h"
 #include "model/model.h"
+#include "model/synthetic.h"
 
 using namespace dsv4;
 using nlohmann::json;
@@ -178,6 +179,32 @@ int cmd_prefill(const Args& a) {
   return 0;
 }
 
+int cmd_gen_model(const Args& a) {
+  check_allowed(a, {"preset", "seed", "out", "layers", "experts", "vocab", "shards"});
+  if (!a.has("out")) throw Error("gen-model needs --out DIR");
+  if (!a.has("preset")) throw Error("gen-model needs --preset tiny|flash");
+  SyntheticOptions o;
+  o.preset = a.get("preset");
+  const int64_t seed = a.get_int("seed", 0);
+  if (seed < 0) throw Error("--seed must be >= 0, got " + std::to_string(seed));
+  o.seed = uint64_t(seed);
+  auto int_opt = [&](const std::string& k, int dflt) {
+    const int64_t v = a.get_int(k, dflt);
+    if (v < 1 || v > (int64_t(1) << 30)) throw Error("--" + k + " must be in [1, 2^30], got " + std::to_string(v));
+    return int(v);
+  };
+  if (a.has("layers")) o.layers = int_opt("layers", 0);
+  if (a.has("experts")) o.experts = int_opt("experts", 0);
+  if (a.has("vocab")) o.vocab = int_opt("vocab", 0);
+  o.shards = int_opt("shards", o.shards);
+  auto t0 = std::chrono::steady_clock::now();
+  SyntheticSummary r = write_synthetic_model(a.get("out"), o);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s: %zu tensors, %zu bytes, %d shard%s (%.2f s)\n", a.get("out").c_str(), r.tensors, r.bytes, o.shards,
+              o.shards == 1 ? "" : "s", secs);
+  return 0;
+}
+
 }  // namespace
 
 
@@ -189,6 +216,7 @@ int main(int argc, char** argv) {
       return a.command.empty() ? 2 : 0;
     }
     if (a.command == "prefill") return cmd_prefill(a);
+    if (a.command == "gen-model") return cmd_gen_model(a);
     throw Error("unknown command '" + a.command + "' (see dsv4 --help)");
   } catch (const Error& e) {
     std::fprintf(stderr, "dsv4: error: %s\n", e.what());

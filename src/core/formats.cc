@@ -31,37 +31,25 @@ uint8_t f32_to_e4m3(float f) {
   if (a > 0x7f800000u) return 0x7f;             // NaN
   float x = bits_f32(a);
   if (x >= 448.0f) return sign | 0x7e;          // saturate (also +inf)
-  // The e4m3 grid step for x: subnormal/first binade (x < 2^-6) step 2^-9,
+  // The e4m3 grid step for x: subnormals and the first binade (x < 2^-5) step 2^-9,
   // else 2^(floor(log2 x) - 3). Dividing by the step and rounding to nearest
   // even gives the integer mantissa*2^k exactly (all steps are powers of two).
   int e = int(a >> 23) - 127;
   int step_exp = e < -6 ? -9 : e - 3;
-  float q = std::nearbyint(std::ldexp(x, -step_exp));  // default mode: ties to even
+  // x · 2^-step_exp is exact (a power-of-two multiply, no ldexp call).
+  float q = std::nearbyint(x * exp2i(-step_exp));  // default mode: ties to even
   // q is in [0, 16]; 16 means it rounded up into the next binade.
   int qi = int(q);
   if (step_exp == -9) {
-    // subnormal range: q in 0..8 (8 = smallest normal 2^-6)
-    if (qi < 8) return sign | uint8_t(qi);
-    return sign | uint8_t(1 << 3);  // exp=1, man=0
+    // Subnormals and the first normal binade share the step 2^-9, and the
+    // value q·2^-9 (q in 0..16) is exactly code q: subnormals for q < 8,
+    // exponent 1 with mantissa q-8 for 8..15, and 2^-5 (exponent 2) for 16.
+    return sign | uint8_t(qi);
   }
   int exp_field = step_exp + 3 + 7;  // value = q * 2^step_exp, q in [8, 16]
   if (qi == 16) { qi = 8; ++exp_field; }
   if (exp_field > 15 || (exp_field == 15 && qi - 8 > 6)) return sign | 0x7e;
   return sign | uint8_t(exp_field << 3) | uint8_t(qi - 8);
-}
-
-uint8_t f32_to_e2m1(float f) {
-  uint32_t u = f32_bits(f);
-  uint8_t sign = (u >> 31) ? 8 : 0;
-  float a = std::fabs(f);
-  if (std::isnan(f)) return 0;
-  // Midpoints between neighbours; at a tie choose the even code (codes 0..7
-  // are 0,.5,1,1.5,2,3,4,6; even codes are 0,1,2,4).
-  static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-  uint8_t c = 0;
-  while (c < 7 && a > mid[c]) ++c;
-  if (c < 7 && a == mid[c] && (c & 1)) ++c;  // tie: c odd -> round up to even c+1
-  return sign | c;
 }
 
 void q8_inplace(float* x, size_t n, size_t block, bool pow2) {

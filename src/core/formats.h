@@ -38,8 +38,17 @@ inline float e2m1_to_f32(uint8_t code) {
   float v = mag[code & 7];
   return (code & 8) ? -v : v;
 }
-// Round to nearest, ties to the even code, saturating at +-6.
-uint8_t f32_to_e2m1(float f);
+// Round to nearest, ties to the even code, saturating at +-6; NaN gives 0.
+// Branch-free (it runs on every FP4 weight and activation): the magnitude
+// code is the number of rounding midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
+// below |f|, where a midpoint that |f| equals counts only if the code above
+// it is even (0.75 -> 1, 1.75 -> 2, 3.5 -> 4; 0.25 -> 0, 1.25 -> 1, 2.5 -> 2, 5 -> 4).
+inline uint8_t f32_to_e2m1(float f) {
+  const float a = std::fabs(f);
+  const int c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  const int sign = int(f32_bits(f) >> 28) & 8;
+  return std::isnan(f) ? uint8_t(0) : uint8_t(sign | c);
+}
 
 // e8m0: value 2^(b-127). 0xff is NaN in the OCP spec; never produced here.
 inline float e8m0_to_f32(uint8_t b) {

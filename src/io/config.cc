@@ -1,5 +1,7 @@
 #include "io/config.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -30,9 +32,10 @@ struct Reader {
     const json& v = get(obj, field, path);
     if (!v.is_number()) fail(path, "must be a number");
     double d = v.get<double>();
-    if (d != double(int64_t(d))) fail(path, "must be an integer, got " + v.dump());
-    if (d < lo || d > hi)
+    // Range first: converting an out-of-range double to an integer is undefined.
+    if (!(d >= lo && d <= hi))
       fail(path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    if (d != double(int64_t(d))) fail(path, "must be an integer, got " + v.dump());
     return int(d);
   }
   int integer_or(const std::string& field, int dflt, int lo, int hi) const {
@@ -46,9 +49,30 @@ struct Reader {
     return float(d);
   }
   float number(const std::string& field, double lo, double hi) const { return number_in(j, field, field, lo, hi); }
+  // An optional string field (json::value would throw a non-dsv4 exception
+  // when the field has another type).
+  std::string string_in(const json& obj, const std::string& field, const std::string& path,
+                        const std::string& dflt) const {
+    auto it = obj.find(field);
+    if (it == obj.end() || it->is_null()) return dflt;
+    if (!it->is_string()) fail(path, "must be a string, got " + it->dump());
+    return it->get<std::string>();
+  }
 };
 
 constexpr int kBig = 1 << 30;
+
+// The shortest decimal that reads back as `f`, as a double: config values are
+// held as float, and writing the float's exact double value would turn 1e-6
+// into 9.999999974752427e-07 in config.json.
+double decimal(float f) {
+  char buf[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
+}
 
 }  // namespace
 
@@ -88,7 +112,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   c.eos_token_id = r.integer_or("eos_token_id", 1, 0, kBig);
   c.num_nextn_predict_layers = r.integer_or("num_nextn_predict_layers", 0, 0, 1000);
 
-  std::string scoring = j.value("scoring_func", std::string("sqrtsoftplus"));
+  std::string scoring = r.string_in(j, "scoring_func", "scoring_func", "sqrtsoftplus");
   if (scoring == "sqrtsoftplus") c.scoring_func = ScoringFunc::kSqrtSoftplus;
   else if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
   else if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
@@ -97,7 +121,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& rs = j["rope_scaling"];
     if (!rs.is_object()) r.fail("rope_scaling", "must be an object");
-    std::string type = rs.value("type", rs.value("rope_type", std::string("yarn")));
+    std::string type = r.string_in(rs, "type", "rope_scaling.type",
+                                   r.string_in(rs, "rope_type", "rope_scaling.rope_type", "yarn"));
     if (type != "yarn") r.fail("rope_scaling.type", "must be 'yarn', got '" + type + "'");
     c.rope_factor = r.number_in(rs, "factor", "rope_scaling.factor", 1e-6, 1e9);
     c.rope_original_max_position = r.integer_in(rs, "original_max_position_embeddings",
@@ -113,10 +138,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
     r.fail("compress_ratios", "must have num_hidden_layers (+ MTP) = " + std::to_string(want) +
                                   " entries, got " + std::to_string(cr.size()));
   for (size_t i = 0; i < cr.size(); ++i) {
+    // Read as int64 and range-checked: get<int> would silently truncate.
     if (!cr[i].is_number_integer()) r.fail("compress_ratios[" + std::to_string(i) + "]", "must be an integer");
-    int v = cr[i].get<int>();
-    if (v != 0 && v < 2) r.fail("compress_ratios[" + std::to_string(i) + "]", "must be 0 or >= 2, got " + std::to_string(v));
-    c.compress_ratios.push_back(v);
+    int64_t v = cr[i].get<int64_t>();
+    if (cr[i].is_number_unsigned() && cr[i].get<uint64_t>() > uint64_t(kBig)) v = int64_t(kBig) + 1;
+    if ((v != 0 && v < 2) || v > kBig)
+      r.fail("compress_ratios[" + std::to_string(i) + "]", "must be 0 or in [2, " + std::to_string(kBig) +
+                                                             "], got " + cr[i].dump());
+    c.compress_ratios.push_back(int(v));
   }
 
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
@@ -124,11 +153,12 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
     if (!q.is_object()) r.fail("quantization_config", "must be an object");
     if (q.contains("weight_block_size")) {
       const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || b[0] != b[1] || b[0].get<int>() < 1)
-        r.fail("quantization_config.weight_block_size", "must be [B, B] with B >= 1, got " + b.dump());
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || b[0] != b[1] ||
+          b[0].get<int64_t>() < 1 || b[0].get<int64_t>() > (1 << 16))
+        r.fail("quantization_config.weight_block_size", "must be [B, B] with 1 <= B <= 65536, got " + b.dump());
       c.weight_block_size = b[0].get<int>();
     }
-    c.scale_pow2 = q.value("scale_fmt", std::string("ue8m0")) == "ue8m0";
+    c.scale_pow2 = r.string_in(q, "scale_fmt", "quantization_config.scale_fmt", "ue8m0") == "ue8m0";
   }
 
   // Structural checks: what the forward relies on.
@@ -150,6 +180,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   need(c.hidden_size % 2 == 0, "hidden_size", "must be even");
   need(c.num_hash_layers <= c.num_hidden_layers, "num_hash_layers", "must be <= num_hidden_layers");
   need(c.bos_token_id < c.vocab_size, "bos_token_id", "must be < vocab_size");
+  need(c.eos_token_id < c.vocab_size, "eos_token_id", "must be < vocab_size");
   return c;
 }
 
@@ -184,21 +215,21 @@ json ModelConfig::to_json() const {
       {"num_experts_per_tok", num_experts_per_tok},
       {"n_shared_experts", n_shared_experts},
       {"num_hash_layers", num_hash_layers},
-      {"routed_scaling_factor", routed_scaling_factor},
-      {"swiglu_limit", swiglu_limit},
+      {"routed_scaling_factor", decimal(routed_scaling_factor)},
+      {"swiglu_limit", decimal(swiglu_limit)},
       {"sliding_window", sliding_window},
       {"index_n_heads", index_n_heads},
       {"index_head_dim", index_head_dim},
       {"index_topk", index_topk},
       {"hc_mult", hc_mult},
       {"hc_sinkhorn_iters", hc_sinkhorn_iters},
-      {"hc_eps", hc_eps},
-      {"rms_norm_eps", rms_norm_eps},
-      {"rope_theta", rope_theta},
-      {"compress_rope_theta", compress_rope_theta},
-      {"rope_scaling", {{"type", "yarn"}, {"factor", rope_factor},
+      {"hc_eps", decimal(hc_eps)},
+      {"rms_norm_eps", decimal(rms_norm_eps)},
+      {"rope_theta", decimal(rope_theta)},
+      {"compress_rope_theta", decimal(compress_rope_theta)},
+      {"rope_scaling", {{"type", "yarn"}, {"factor", decimal(rope_factor)},
                         {"original_max_position_embeddings", rope_original_max_position},
-                        {"beta_fast", rope_beta_fast}, {"beta_slow", rope_beta_slow}}},
+                        {"beta_fast", decimal(rope_beta_fast)}, {"beta_slow", decimal(rope_beta_slow)}}},
       {"max_position_embeddings", max_position_embeddings},
       {"compress_ratios", compress_ratios},
       {"scoring_func", sf},

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -114,7 +116,8 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
     for (const json& d : *sh) {
       if (!d.is_number_unsigned()) throw Error(where + ": shape entries must be non-negative integers");
       uint64_t di = d.get<uint64_t>();
-      if (di != 0 && numel > (uint64_t(1) << 62) / di) throw Error(where + ": shape is too large");
+      // Bounded so that numel x dtype size (<= 8) below cannot overflow.
+      if (di != 0 && numel > (uint64_t(1) << 60) / di) throw Error(where + ": shape is too large");
       numel *= di;
       v.shape.push_back(int64_t(di));
     }
@@ -131,15 +134,20 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
     ranges.push_back({b, e});
     out.push_back(std::move(v));
   }
-  std::vector<size_t> order(out.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Overlap check over the non-empty ranges sorted by begin: a range overlaps
+  // an earlier one iff it begins before the furthest end seen so far (checking
+  // only neighbours would miss a range nested after a zero-size one).
+  std::vector<size_t> order;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (ranges[i].second > ranges[i].first) order.push_back(i);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-  for (size_t i = 1; i < order.size(); ++i) {
-    auto& p = ranges[order[i - 1]];
-    auto& q = ranges[order[i]];
-    if (q.first < p.second && q.second > q.first && p.second > p.first)
-      throw Error(origin + ": tensors '" + out[order[i - 1]].name + "' and '" + out[order[i]].name +
+  size_t furthest = 0;  // index (into out) of the range with the largest end so far
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    if (k > 0 && ranges[i].first < ranges[furthest].second)
+      throw Error(origin + ": tensors '" + out[furthest].name + "' and '" + out[i].name +
                   "' have overlapping data_offsets");
+    if (k == 0 || ranges[i].second > ranges[furthest].second) furthest = i;
   }
   return out;
 }
@@ -147,11 +155,14 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
 Checkpoint Checkpoint::open(const std::string& dir) {
   Checkpoint ck;
   ck.dir_ = dir;
-  if (!fs::is_directory(dir)) throw Error(dir + ": model directory does not exist");
+  // The error_code overloads: the throwing ones would escape as
+  // filesystem_error (e.g. on a permission problem), not as dsv4::Error.
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw Error(dir + ": model directory does not exist");
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
   json weight_map;
-  if (fs::exists(index)) {
+  if (fs::exists(index, ec)) {
     std::ifstream f(index);
     if (!f) throw Error(index.string() + ": cannot open");
     std::stringstream ss;
@@ -169,7 +180,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
       if (std::find(shard_names.begin(), shard_names.end(), s) == shard_names.end()) shard_names.push_back(s);
     }
     std::sort(shard_names.begin(), shard_names.end());
-  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+  } else if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
     shard_names.push_back("model.safetensors");
   } else {
     throw Error(dir + ": no model.safetensors.index.json or model.safetensors");
@@ -227,74 +238,187 @@ size_t Checkpoint::total_bytes() const {
   return n;
 }
 
+size_t TensorSpec::nbytes() const {
+  size_t n = dtype_size(dtype);
+  for (auto d : shape) n *= size_t(d);
+  return n;
+}
+
+namespace {
+
+// Writes `n` bytes or throws naming the file.
+void write_all(std::FILE* f, const void* p, size_t n, const std::string& path) {
+  if (n && std::fwrite(p, 1, n, f) != n) throw Error(path + ": write failed: " + std::strerror(errno));
+}
+
+// A file written as PATH.tmp and renamed to PATH by commit(), so a failed
+// write never leaves a half-written file under the final name.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) throw Error(path_ + ": cannot create: " + std::strerror(errno));
+  }
+  ~AtomicFile() {
+    if (f_) {
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+    }
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* p, size_t n) { write_all(f_, p, n, path_); }
+  void commit() {
+    int rc = std::fclose(f_);
+    f_ = nullptr;
+    if (rc != 0) {
+      std::remove(tmp_.c_str());
+      throw Error(path_ + ": write failed: " + std::strerror(errno));
+    }
+    std::error_code ec;
+    fs::rename(tmp_, path_, ec);
+    if (ec) throw Error(path_ + ": cannot rename from " + tmp_ + ": " + ec.message());
+  }
+
+ private:
+  std::string path_, tmp_;
+  std::FILE* f_ = nullptr;
+};
+
+bool is_checkpoint_file(const std::string& name) {
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  unsigned a = 0, b = 0;
+  int used = 0;
+  return std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensors%n", &a, &b, &used) == 2 &&
+         size_t(used) == name.size();
+}
+
+}  // namespace
+
+void write_safetensors_file(const std::string& path, const std::vector<TensorSpec>& specs, const TensorFill& fill) {
+  // Wider dtypes first (stable), as the safetensors library does: every
+  // tensor's byte size is a multiple of its element size, so each tensor then
+  // starts at a multiple of its element size inside the 8-aligned data block.
+  std::vector<const TensorSpec*> order;
+  for (const TensorSpec& t : specs) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const TensorSpec* a, const TensorSpec* b) { return dtype_size(a->dtype) > dtype_size(b->dtype); });
+
+  json h = json::object();
+  uint64_t off = 0;
+  for (const TensorSpec* t : order) {
+    if (t->name.empty() || t->name == "__metadata__") throw Error(path + ": invalid tensor name '" + t->name + "'");
+    if (h.contains(t->name)) throw Error(path + ": tensor '" + t->name + "' is written twice");
+    const size_t n = t->nbytes();
+    h[t->name] = {{"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  h["__metadata__"] = {{"format", "pt"}};
+  std::string text = h.dump();
+  while ((8 + text.size()) % 8) text += ' ';  // the data block starts 8-byte aligned
+
+  AtomicFile f(path);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+  f.write(len, 8);
+  f.write(text.data(), text.size());
+  // Double-buffered: tensor k is written on a helper thread while tensor k+1
+  // is being produced (generation and the copy into the page cache overlap).
+  std::vector<uint8_t> buf[2];
+  std::future<void> pending;  // declared after buf and f: destroyed (waited for) first
+  for (size_t k = 0; k < order.size(); ++k) {
+    std::vector<uint8_t>& b = buf[k & 1];
+    b.resize(order[k]->nbytes());
+    fill(*order[k], b.data());
+    if (pending.valid()) pending.get();  // rethrows a write error
+    pending = std::async(std::launch::async, [&f, &b] { f.write(b.data(), b.size()); });
+  }
+  if (pending.valid()) pending.get();
+  f.commit();
+}
+
+size_t write_safetensors_dir(const std::string& dir, const std::vector<TensorSpec>& specs, int shards,
+                             const TensorFill& fill) {
+  if (shards < 1) throw Error(dir + ": the number of shards must be >= 1, got " + std::to_string(shards));
+  if (size_t(shards) > std::max<size_t>(specs.size(), 1))
+    throw Error(dir + ": cannot split " + std::to_string(specs.size()) + " tensors into " + std::to_string(shards) +
+                " shards");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) throw Error(dir + ": cannot create directory: " + ec.message());
+  try {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.is_regular_file() && is_checkpoint_file(entry.path().filename().string())) fs::remove(entry.path());
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw Error(dir + ": cannot remove the files of an earlier checkpoint: " + e.code().message());
+  }
+
+  // prefix[i] = bytes of the tensors before i.
+  const size_t n = specs.size();
+  std::vector<uint64_t> prefix(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + specs[i].nbytes();
+  const uint64_t total = prefix[n];
+  if (shards == 1) {
+    write_safetensors_file((fs::path(dir) / "model.safetensors").string(), specs, fill);
+    return size_t(total);
+  }
+
+  // Shard k holds tensors [cut[k], cut[k+1]): each cut is the tensor boundary
+  // nearest to k/shards of the bytes, then nudged so no shard is empty.
+  const size_t K = size_t(shards);
+  std::vector<size_t> cut(K + 1, 0);
+  cut[K] = n;
+  for (size_t k = 1; k < K; ++k) {
+    const uint64_t target = total / K * k + total % K * k / K;  // k·total/K without overflow
+    size_t i = size_t(std::lower_bound(prefix.begin(), prefix.end(), target) - prefix.begin());
+    if (i > 0 && target - prefix[i - 1] < prefix[i] - target) --i;
+    cut[k] = std::max(i, cut[k - 1] + 1);
+  }
+  for (size_t k = K - 1; k >= 1; --k) cut[k] = std::min(cut[k], cut[k + 1] - 1);
+
+  json wm = json::object();
+  char name[64];
+  for (size_t k = 0; k < K; ++k) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, K);
+    std::vector<TensorSpec> part(specs.begin() + std::ptrdiff_t(cut[k]), specs.begin() + std::ptrdiff_t(cut[k + 1]));
+    write_safetensors_file((fs::path(dir) / name).string(), part, fill);
+    for (const TensorSpec& t : part) wm[t.name] = name;
+  }
+  const std::string text = json{{"metadata", {{"total_size", total}}}, {"weight_map", wm}}.dump(2) + "\n";
+  AtomicFile f((fs::path(dir) / "model.safetensors.index.json").string());
+  f.write(text.data(), text.size());
+  f.commit();
+  return size_t(total);
+}
+
 void SafetensorsWriter::add(const std::string& name, DType dtype, const Shape& shape, std::vector<uint8_t> bytes) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  if (size_t(n) * dtype_size(dtype) != bytes.size())
+  TensorSpec t{name, dtype, shape};
+  if (t.nbytes() != bytes.size())
     throw Error("writer: tensor '" + name + "' has " + std::to_string(bytes.size()) + " bytes, shape " +
-                shape_str(shape) + " needs " + std::to_string(size_t(n) * dtype_size(dtype)));
-  entries_.push_back({name, dtype, shape, std::move(bytes)});
+                shape_str(shape) + " needs " + std::to_string(t.nbytes()));
+  if (bytes_.count(name)) throw Error("writer: tensor '" + name + "' is added twice");
+  specs_.push_back(std::move(t));
+  bytes_.emplace(name, std::move(bytes));
 }
 
 size_t SafetensorsWriter::total_bytes() const {
   size_t n = 0;
-  for (auto& e : entries_) n += e.bytes.size();
+  for (auto& kv : bytes_) n += kv.second.size();
   return n;
 }
 
-void SafetensorsWriter::write_entries(const std::string& path, const std::vector<const Entry*>& entries) const {
-  json h = json::object();
-  uint64_t off = 0;
-  for (const Entry* e : entries) {
-    h[e->name] = {{"dtype", dtype_name(e->dtype)}, {"shape", e->shape}, {"data_offsets", {off, off + e->bytes.size()}}};
-    off += e->bytes.size();
-  }
-  h["__metadata__"] = {{"format", "pt"}};
-  std::string text = h.dump();
-  while (text.size() % 8) text += ' ';  // keep the data block 8-byte aligned
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot create");
-  uint64_t n = text.size();
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
-  f.write(reinterpret_cast<const char*>(len), 8);
-  f.write(text.data(), std::streamsize(text.size()));
-  for (const Entry* e : entries) f.write(reinterpret_cast<const char*>(e->bytes.data()), std::streamsize(e->bytes.size()));
-  if (!f) throw Error(path + ": write failed");
+TensorFill SafetensorsWriter::filler() const {
+  return [this](const TensorSpec& t, uint8_t* dst) {
+    const std::vector<uint8_t>& b = bytes_.at(t.name);
+    std::memcpy(dst, b.data(), b.size());
+  };
 }
 
-void SafetensorsWriter::write_file(const std::string& path) const {
-  std::vector<const Entry*> all;
-  for (auto& e : entries_) all.push_back(&e);
-  write_entries(path, all);
-}
+void SafetensorsWriter::write_file(const std::string& path) const { write_safetensors_file(path, specs_, filler()); }
 
 void SafetensorsWriter::write_dir(const std::string& dir, int shards) const {
-  fs::create_directories(dir);
-  if (shards <= 1) {
-    write_file((fs::path(dir) / "model.safetensors").string());
-    return;
-  }
-  // Fill shards in tensor order up to an even share of the bytes each.
-  size_t total = total_bytes(), per = (total + size_t(shards) - 1) / size_t(shards);
-  std::vector<std::vector<const Entry*>> parts(static_cast<size_t>(shards));
-  size_t k = 0, acc = 0;
-  for (auto& e : entries_) {
-    if (acc >= per && k + 1 < parts.size()) { ++k; acc = 0; }
-    parts[k].push_back(&e);
-    acc += e.bytes.size();
-  }
-  json wm = json::object();
-  char name[64];
-  for (size_t i = 0; i < parts.size(); ++i) {
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05d.safetensors", i + 1, shards);
-    write_entries((fs::path(dir) / name).string(), parts[i]);
-    for (const Entry* e : parts[i]) wm[e->name] = name;
-  }
-  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
-  std::ofstream f(fs::path(dir) / "model.safetensors.index.json");
-  f << index.dump(2) << "\n";
-  if (!f) throw Error(dir + ": cannot write model.safetensors.index.json");
+  write_safetensors_dir(dir, specs_, shards, filler());
 }
 
 }  // namespace dsv4

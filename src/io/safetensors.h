@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,7 +76,40 @@ class Checkpoint {
   std::map<std::string, TensorView> tensors_;
 };
 
-// Collects tensors and writes them as one or more safetensors files.
+// ---- Writing ---------------------------------------------------------------
+//
+// Writing is streamed: a file's header is built from the planned list of
+// tensors, then each tensor's bytes are produced by a callback and written
+// before the next one is produced, so only one tensor is ever held in memory
+// (a synthetic Flash layer is ~3 GB of experts).
+
+// A tensor planned for writing.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  size_t nbytes() const;  // product(shape) x dtype size
+};
+
+// Produces the bytes of `spec` into dst (exactly spec.nbytes() bytes).
+using TensorFill = std::function<void(const TensorSpec& spec, uint8_t* dst)>;
+
+// Writes one safetensors file holding `specs` (data in the given order, except
+// that wider dtypes come first so that every tensor is naturally aligned; the
+// data block starts 8-byte aligned). Throws dsv4::Error on a duplicate or
+// reserved name or an I/O failure.
+void write_safetensors_file(const std::string& path, const std::vector<TensorSpec>& specs, const TensorFill& fill);
+
+// Writes DIR/model.safetensors when shards == 1 (no index), else the tensors
+// split in order into `shards` files of roughly equal bytes,
+// DIR/model-0000k-of-0000n.safetensors, plus model.safetensors.index.json.
+// Checkpoint files of an earlier write in DIR (model.safetensors, the index,
+// model-*-of-*.safetensors) are removed first so that none is left stale.
+// Returns the total number of data bytes.
+size_t write_safetensors_dir(const std::string& dir, const std::vector<TensorSpec>& specs, int shards,
+                             const TensorFill& fill);
+
+// Collects tensors in memory and writes them with the functions above.
 class SafetensorsWriter {
  public:
   void add(const std::string& name, DType dtype, const Shape& shape, std::vector<uint8_t> bytes);
@@ -85,17 +119,16 @@ class SafetensorsWriter {
     std::memcpy(b.data(), v.data(), b.size());
     add(name, dtype, shape, std::move(b));
   }
-  // Writes DIR/model.safetensors when shards == 1 (no index), else
-  // DIR/model-0000k-of-0000n.safetensors plus model.safetensors.index.json.
+  // See write_safetensors_dir.
   void write_dir(const std::string& dir, int shards) const;
   // Writes all tensors to one file.
   void write_file(const std::string& path) const;
   size_t total_bytes() const;
 
  private:
-  struct Entry { std::string name; DType dtype; Shape shape; std::vector<uint8_t> bytes; };
-  void write_entries(const std::string& path, const std::vector<const Entry*>& entries) const;
-  std::vector<Entry> entries_;
+  std::vector<TensorSpec> specs_;
+  std::map<std::string, std::vector<uint8_t>> bytes_;
+  TensorFill filler() const;
 };
 
 }  // namespace dsv4

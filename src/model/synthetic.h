@@ -1,6 +1,7 @@
 // Synthetic checkpoints in the official layout (CHECKPOINT.md), deterministic
 // in the seed, for tests, benchmarks and the embedded default model.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -21,7 +22,15 @@ struct SyntheticOptions {
 // unknown preset or an override that breaks the structure.
 ModelConfig synthetic_config(const SyntheticOptions& o);
 
+struct SyntheticSummary {
+  size_t tensors = 0;  // tensors written
+  size_t bytes = 0;    // their data bytes (the index's total_size)
+};
+
 // Writes DIR/config.json and the safetensors shards (+ index when shards > 1).
-void write_synthetic_model(const std::string& dir, const SyntheticOptions& o);
+// Tensors are generated one at a time while they are written, so memory stays
+// near the largest tensor whatever the model size. The same options give
+// byte-identical files.
+SyntheticSummary write_synthetic_model(const std::string& dir, const SyntheticOptions& o);
 
 }  // namespace dsv4
