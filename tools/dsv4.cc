@@ -46,6 +46,13 @@ commands:
                               --dump-residuals); layer 0 takes the embedding
       --top K                 print the top-K logits (default 5)
       --json                  print one JSON object instead of text
+  generate    prefill, then decode greedily from the same caches
+      --model, --tokens/--prompt, --threads, --tile-tokens, --max-prompt as for prefill
+      --max-new-tokens K      tokens to generate (default 16)
+      --ignore-eos            do not stop at eos_token_id
+      --dump-logits-all OUT.npy  float32 [K, vocab]: row i holds the logits
+                              token i was chosen from (row 0 from the prefill)
+      --json                  one JSON object: generated, tokens_per_second, ...
   gen-model   write a synthetic checkpoint in the official layout
       --preset tiny|flash     base configuration
       --seed S                random seed (default 0)
@@ -75,7 +82,7 @@ struct Args {
   }
 };
 
-const std::vector<std::string> kFlags = {"json"};
+const std::vector<std::string> kFlags = {"json", "ignore-eos"};
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -124,23 +131,43 @@ void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
       throw Error("unknown option --" + kv.first + " for '" + a.command + "' (see dsv4 --help)");
 }
 
+// What prefill and generate share: the model, the prompt and the tile walk.
+struct Request {
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> tokens;
+  PrefillOptions opts;
+};
+
+Request load_request(const Args& a) {
+  if (!a.has("model")) throw Error(a.command + " needs --model DIR");
+  if (a.has("tokens") == a.has("prompt")) throw Error(a.command + " needs exactly one of --tokens FILE or --prompt TEXT");
+  if (a.has("threads")) {
+    const int64_t t = a.get_int("threads", 0);
+    if (t < 1 || t > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(t));
+    ThreadPool::set_threads(int(t));
+  }
+  Request r;
+  r.model = Model::load(a.get("model"));
+  const ModelConfig& c = r.model->config;
+  r.tokens = a.has("tokens") ? read_tokens_file(a.get("tokens")) : bytes_to_tokens(a.get("prompt"), c);
+  r.opts.tile_tokens = a.get_int("tile-tokens", 128);
+  if (r.opts.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  r.opts.max_prompt = a.get_int("max-prompt", 0);
+  if (r.opts.max_prompt < 0) throw Error("--max-prompt must be >= 0");
+  validate_prompt(c, r.tokens, prompt_limit(c, r.opts.max_prompt));
+  return r;
+}
+
 int cmd_prefill(const Args& a) {
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "dump-logits", "dump-hidden",
                     "dump-residuals", "teacher-force", "top", "json"});
-  if (!a.has("model")) throw Error("prefill needs --model DIR");
-  if (a.has("tokens") == a.has("prompt")) throw Error("prefill needs exactly one of --tokens FILE or --prompt TEXT");
-  if (a.has("threads")) ThreadPool::set_threads(int(a.get_int("threads", 0)));
-  auto model = Model::load(a.get("model"));
+  Request req = load_request(a);
+  auto& model = req.model;
+  auto& tokens = req.tokens;
+  PrefillOptions& o = req.opts;
   const ModelConfig& c = model->config;
-  std::vector<int32_t> tokens = a.has("tokens") ? read_tokens_file(a.get("tokens")) : bytes_to_tokens(a.get("prompt"), c);
-
-  PrefillOptions o;
-  o.tile_tokens = a.get_int("tile-tokens", 128);
-  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
-  o.max_prompt = a.get_int("max-prompt", 0);
   o.keep_hidden = a.has("dump-hidden");
   o.keep_residuals = a.has("dump-residuals");
-  validate_prompt(c, tokens, prompt_limit(c, o.max_prompt));
   const int64_t N = int64_t(tokens.size()), L = c.num_hidden_layers, hc = c.hc_mult, D = c.hidden_size;
   NpyArray teacher;
   if (a.has("teacher-force")) {
@@ -175,6 +202,55 @@ int cmd_prefill(const Args& a) {
     std::printf("prompt: %lld tokens\nnext token: %d\ntop-%lld logits:\n", (long long)N, r.next_token, (long long)topn);
     for (int64_t i = 0; i < topn; ++i) std::printf("  %8d  %10.4f\n", order[size_t(i)], r.logits[size_t(order[size_t(i)])]);
     std::printf("prefill: %.3f s, %.1f tokens/s\n", secs, double(N) / secs);
+  }
+  return 0;
+}
+
+int cmd_generate(const Args& a) {
+  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "max-new-tokens",
+                    "ignore-eos", "dump-logits-all", "json"});
+  Request req = load_request(a);
+  const Model& m = *req.model;
+  const ModelConfig& c = m.config;
+  const int64_t K = a.get_int("max-new-tokens", 16);
+  if (K < 1) throw Error("--max-new-tokens must be >= 1");
+  const int64_t N = int64_t(req.tokens.size());
+  // Check the whole request up front: a generation that would run past the
+  // limit fails before any work.
+  const int64_t limit = prompt_limit(c, req.opts.max_prompt);
+  if (N + K - 1 > limit)
+    throw Error("a prompt of " + std::to_string(N) + " tokens plus " + std::to_string(K) +
+                " new tokens needs " + std::to_string(N + K - 1) + " positions, more than the limit of " +
+                std::to_string(limit) + " (--max-prompt, capped by max_position_embeddings)");
+
+  RequestState st;
+  st.init(m, std::max<int64_t>(1, req.opts.tile_tokens > 0 ? std::min(req.opts.tile_tokens, N) : N));
+  std::vector<int32_t> generated;
+  std::vector<float> all_logits;
+  auto t0 = std::chrono::steady_clock::now();
+  PrefillResult r = extend(m, st, req.tokens, req.opts);
+  auto t1 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < K; ++i) {
+    if (a.has("dump-logits-all")) all_logits.insert(all_logits.end(), r.logits.begin(), r.logits.end());
+    generated.push_back(r.next_token);
+    if (i + 1 == K || (!a.has("ignore-eos") && r.next_token == c.eos_token_id)) break;
+    r = extend(m, st, {r.next_token}, req.opts);
+  }
+  auto t2 = std::chrono::steady_clock::now();
+  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+  const double tps = decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
+  if (a.has("dump-logits-all"))
+    write_npy(a.get("dump-logits-all"), all_logits.data(), {int64_t(generated.size()), c.vocab_size});
+  if (a.has("json")) {
+    json out = {{"n_prompt_tokens", N}, {"generated", generated}, {"prefill_seconds", prefill_s},
+                {"decode_seconds", decode_s}, {"tokens_per_second", tps}};
+    std::cout << out.dump() << std::endl;
+  } else {
+    std::printf("generated:");
+    for (int32_t t : generated) std::printf(" %d", t);
+    std::printf("\nprefill: %lld tokens in %.3f s; decode: %zu tokens, %.1f tokens/s\n", (long long)N, prefill_s,
+                generated.size(), tps);
   }
   return 0;
 }
@@ -216,6 +292,7 @@ int main(int argc, char** argv) {
       return a.command.empty() ? 2 : 0;
     }
     if (a.command == "prefill") return cmd_prefill(a);
+    if (a.command == "generate") return cmd_generate(a);
     if (a.command == "gen-model") return cmd_gen_model(a);
     throw Error("unknown command '" + a.command + "' (see dsv4 --help)");
   } catch (const Error& e) {

@@ -1,0 +1,79 @@
+// The dsv4 command end to end: prompt limits and generate.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "io/npy.h"
+#include "test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using testing::golden_dir;
+using testing::run_dsv4;
+using testing::TempDir;
+
+std::string write_tokens(const TempDir& tmp, const std::string& name, const std::string& json) {
+  std::ofstream(tmp / name) << json;
+  return tmp / name;
+}
+
+void expect_clean_error(const testing::RunResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST(PromptLimits, BadPromptsFailCleanly) {
+  TempDir tmp;
+  const std::string m = " --model " + golden_dir();
+  expect_clean_error(run_dsv4("prefill" + m + " --tokens " + write_tokens(tmp, "e.json", "[]")), "empty");
+  expect_clean_error(run_dsv4("prefill" + m + " --tokens " + write_tokens(tmp, "v.json", "[0, 5, 1024]")),
+                     "vocab_size");
+  expect_clean_error(run_dsv4("prefill" + m + " --tokens " + write_tokens(tmp, "n.json", "[0, -3]")), "out of range");
+  expect_clean_error(run_dsv4("prefill" + m + " --max-prompt 4 --tokens " +
+                              write_tokens(tmp, "l.json", "[0, 1, 2, 3, 4]")),
+                     "limit of 4");
+  expect_clean_error(run_dsv4("prefill" + m + " --tokens " + write_tokens(tmp, "j.json", "{\"a\": 1}")), "JSON array");
+  expect_clean_error(run_dsv4("generate" + m + " --max-prompt 6 --max-new-tokens 4 --tokens " +
+                              write_tokens(tmp, "g.json", "[0, 1, 2, 3]")),
+                     "limit of 6");
+}
+
+// Row i of --dump-logits-all equals the logits of a prefill of the prompt
+// plus the first i generated tokens.
+TEST(Generate, LogitsRowsMatchPrefills) {
+  TempDir tmp;
+  std::vector<int> prompt = {0, 17, 300, 5, 999, 42, 7};
+  std::string js = "[";
+  for (size_t i = 0; i < prompt.size(); ++i) js += (i ? "," : "") + std::to_string(prompt[i]);
+  auto r = run_dsv4("generate --model " + golden_dir() + " --tokens " + write_tokens(tmp, "p.json", js + "]") +
+                    " --max-new-tokens 4 --ignore-eos --tile-tokens 3 --json --dump-logits-all " + (tmp / "all.npy"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto pos = r.output.find("\"generated\":[");
+  ASSERT_NE(pos, std::string::npos) << r.output;
+  std::vector<int> gen;
+  for (size_t p = pos + 13; r.output[p] != ']';) {
+    size_t q = r.output.find_first_of(",]", p);
+    gen.push_back(std::stoi(r.output.substr(p, q - p)));
+    p = r.output[q] == ',' ? q + 1 : q;
+  }
+  ASSERT_EQ(gen.size(), 4u);
+  NpyArray all = read_npy(tmp / "all.npy");
+  ASSERT_EQ(all.shape, (std::vector<int64_t>{4, 1024}));
+  std::vector<int> seq = prompt;
+  for (int i = 0; i < 4; ++i) {
+    std::string s = "[";
+    for (size_t k = 0; k < seq.size(); ++k) s += (k ? "," : "") + std::to_string(seq[k]);
+    auto pr = run_dsv4("prefill --model " + golden_dir() + " --tokens " + write_tokens(tmp, "s.json", s + "]") +
+                       " --dump-logits " + (tmp / "l.npy"));
+    ASSERT_EQ(pr.exit_code, 0) << pr.output;
+    NpyArray l = read_npy(tmp / "l.npy");
+    EXPECT_EQ(std::memcmp(l.data.data(), all.data.data() + i * 1024, 1024 * sizeof(float)), 0) << "step " << i;
+    seq.push_back(gen[size_t(i)]);
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
