@@ -26,8 +26,9 @@ TEST_P(DecodeAfterPrefill, StepsMatchFreshPrefills) {
   for (int64_t i = 0; i < n; ++i) tokens[size_t(i)] = int32_t((i * 7919 + 3) % m.config.vocab_size);
   PrefillOptions o;
   o.tile_tokens = 128;
+  auto pool = pool_for_request(m, n + 8);
   RequestState st;
-  st.init(m, 128);
+  st.init(m, pool.get());
   PrefillResult r = extend(m, st, tokens, o);
   std::vector<int32_t> all = tokens;
   const int K = 8;
@@ -47,8 +48,9 @@ INSTANTIATE_TEST_SUITE_P(Prompts, DecodeAfterPrefill, ::testing::Values(1, 3, 12
 
 TEST(DecodeLimits, RequestLongerThanLimitIsRejected) {
   const Model& m = golden_model();
+  auto pool = pool_for_request(m, 10);
   RequestState st;
-  st.init(m, 16);
+  st.init(m, pool.get());
   PrefillOptions o;
   o.max_prompt = 10;
   std::vector<int32_t> tokens(10, 5);

@@ -1,4 +1,6 @@
 // The dsv4 command: prefill, synthetic checkpoints, inspection.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -38,6 +40,8 @@ commands:
       --threads N             worker threads (default: all cores)
       --tile-tokens T         positions per tile (default 128; 0 = whole prompt)
       --max-prompt N          longest accepted prompt (default: max_position_embeddings)
+      --cache-pool-mb MB      size of the paged cache pool (default: what the
+                              request needs); a full pool is a clean error
       --dump-logits OUT.npy   last row's logits, float32 [vocab]
       --dump-hidden OUT.npy   final normalised hidden rows, float32 [N, hidden]
       --dump-residuals OUT.npy  every layer's output residual stream,
@@ -136,7 +140,19 @@ struct Request {
   std::unique_ptr<Model> model;
   std::vector<int32_t> tokens;
   PrefillOptions opts;
+  int64_t pool_mb = 0;  // --cache-pool-mb; 0 = exactly what the request needs
+
+  std::unique_ptr<CachePool> make_pool(int64_t positions) const {
+    if (pool_mb > 0) return std::make_unique<CachePool>(size_t(pool_mb) << 20);
+    return pool_for_request(*model, positions);
+  }
 };
+
+size_t peak_rss_bytes() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
 
 Request load_request(const Args& a) {
   if (!a.has("model")) throw Error(a.command + " needs --model DIR");
@@ -153,6 +169,8 @@ Request load_request(const Args& a) {
   r.opts.tile_tokens = a.get_int("tile-tokens", 128);
   if (r.opts.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
   r.opts.max_prompt = a.get_int("max-prompt", 0);
+  r.pool_mb = a.get_int("cache-pool-mb", 0);
+  if (r.pool_mb < 0 || r.pool_mb > (int64_t(1) << 30)) throw Error("--cache-pool-mb must be in [0, 2^30]");
   if (r.opts.max_prompt < 0) throw Error("--max-prompt must be >= 0");
   validate_prompt(c, r.tokens, prompt_limit(c, r.opts.max_prompt));
   return r;
@@ -160,7 +178,7 @@ Request load_request(const Args& a) {
 
 int cmd_prefill(const Args& a) {
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "dump-logits", "dump-hidden",
-                    "dump-residuals", "teacher-force", "top", "json"});
+                    "dump-residuals", "teacher-force", "top", "json", "cache-pool-mb"});
   Request req = load_request(a);
   auto& model = req.model;
   auto& tokens = req.tokens;
@@ -179,7 +197,8 @@ int cmd_prefill(const Args& a) {
   }
 
   auto t0 = std::chrono::steady_clock::now();
-  PrefillResult r = prefill(*model, tokens, o);
+  auto pool = req.make_pool(N);
+  PrefillResult r = prefill(*model, tokens, o, pool.get());
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (a.has("dump-logits")) write_npy(a.get("dump-logits"), r.logits.data(), {c.vocab_size});
@@ -196,7 +215,8 @@ int cmd_prefill(const Args& a) {
     json top = json::array();
     for (int64_t i = 0; i < topn; ++i) top.push_back({{"id", order[size_t(i)]}, {"logit", r.logits[size_t(order[size_t(i)])]}});
     json out = {{"n_tokens", N}, {"next_token", r.next_token}, {"seconds", secs},
-                {"tokens_per_second", double(N) / secs}, {"top", top}};
+                {"tokens_per_second", double(N) / secs}, {"cache_bytes", r.cache_bytes},
+                {"peak_rss_bytes", peak_rss_bytes()}, {"top", top}};
     std::cout << out.dump() << std::endl;
   } else {
     std::printf("prompt: %lld tokens\nnext token: %d\ntop-%lld logits:\n", (long long)N, r.next_token, (long long)topn);
@@ -208,7 +228,7 @@ int cmd_prefill(const Args& a) {
 
 int cmd_generate(const Args& a) {
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "max-new-tokens",
-                    "ignore-eos", "dump-logits-all", "json"});
+                    "ignore-eos", "dump-logits-all", "json", "cache-pool-mb"});
   Request req = load_request(a);
   const Model& m = *req.model;
   const ModelConfig& c = m.config;
@@ -223,8 +243,9 @@ int cmd_generate(const Args& a) {
                 " new tokens needs " + std::to_string(N + K - 1) + " positions, more than the limit of " +
                 std::to_string(limit) + " (--max-prompt, capped by max_position_embeddings)");
 
+  auto pool = req.make_pool(N + K - 1);
   RequestState st;
-  st.init(m, std::max<int64_t>(1, req.opts.tile_tokens > 0 ? std::min(req.opts.tile_tokens, N) : N));
+  st.init(m, pool.get());
   std::vector<int32_t> generated;
   std::vector<float> all_logits;
   auto t0 = std::chrono::steady_clock::now();

@@ -60,13 +60,43 @@ void block_forward(const Model& m, int layer, const int32_t* tokens, int64_t p0,
 
 }  // namespace
 
-void RequestState::init(const Model& model, int64_t tile) {
+void RequestState::init(const Model& model, CachePool* pool) {
   const ModelConfig& c = model.config;
-  max_tile = tile;
   n_tokens = 0;
-  layers.assign(size_t(c.num_hidden_layers), AttentionState{});
+  layers.clear();
+  layers.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    layers[size_t(l)].reset(c, model.weights.layers[size_t(l)].attn, c.ratio(l), tile);
+    layers[size_t(l)].init(pool, c, model.weights.layers[size_t(l)].attn, c.ratio(l));
+}
+
+size_t RequestState::pages_missing(const Model& model, int64_t n) const {
+  size_t p = 0;
+  for (size_t l = 0; l < layers.size(); ++l) p += layers[l].pages_missing(model.weights.layers[l].attn, n);
+  return p;
+}
+
+void RequestState::reserve(const Model& model, int64_t n) {
+  if (layers.empty()) return;
+  const CachePool* pool = layers[0].window.pool();
+  const size_t need = pages_missing(model, n);
+  if (need > pool->free_pages())
+    throw Error("cache pool exhausted: the request needs " + std::to_string(need) + " more pages of " +
+                std::to_string(pool->page_bytes()) + " bytes for " + std::to_string(n) + " positions, " +
+                std::to_string(pool->free_pages()) + " are free (raise --cache-pool-mb)");
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].reserve(model.weights.layers[l].attn, n);
+}
+
+size_t RequestState::cache_bytes() const {
+  size_t b = 0;
+  for (const AttentionState& s : layers) b += s.bytes_held();
+  return b;
+}
+
+std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens) {
+  CachePool probe(0);
+  RequestState st;
+  st.init(model, &probe);
+  return std::make_unique<CachePool>(st.pages_missing(model, n_tokens) * probe.page_bytes());
 }
 
 PrefillResult extend(const Model& model, RequestState& st, const std::vector<int32_t>& tokens,
@@ -75,8 +105,9 @@ PrefillResult extend(const Model& model, RequestState& st, const std::vector<int
   if (st.n_tokens > 0 && opts.teacher) throw Error("teacher forcing needs a request that starts at position 0");
   validate_prompt(c, tokens, prompt_limit(c, opts.max_prompt), st.n_tokens);
   const int64_t N = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, L = c.num_hidden_layers;
-  const int64_t T = std::min(opts.tile_tokens > 0 ? opts.tile_tokens : N, st.max_tile);
+  const int64_t T = opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N;
   const int64_t start = st.n_tokens;
+  st.reserve(model, start + N);  // fails here, before any state changes
 
   PrefillResult res;
   if (opts.keep_hidden) res.hidden.resize(size_t(N * D));
@@ -111,13 +142,19 @@ PrefillResult extend(const Model& model, RequestState& st, const std::vector<int
     st.n_tokens = p0 + n;
   }
   res.next_token = argmax(res.logits.data(), c.vocab_size);
+  res.cache_bytes = st.cache_bytes();
   return res;
 }
 
-PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts) {
+PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts,
+                      CachePool* pool) {
+  std::unique_ptr<CachePool> own;
+  if (!pool) {
+    own = pool_for_request(model, int64_t(tokens.size()));
+    pool = own.get();
+  }
   RequestState st;
-  const int64_t N = int64_t(tokens.size());
-  st.init(model, std::max<int64_t>(1, opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N));
+  st.init(model, pool);
   return extend(model, st, tokens, opts);
 }
 

@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <memory>
+
+#include "engine/cache_pool.h"
 #include "model/attention.h"
 #include "model/model.h"
 
@@ -15,10 +18,16 @@ namespace dsv4 {
 struct RequestState {
   std::vector<AttentionState> layers;
   int64_t n_tokens = 0;  // positions already processed
-  int64_t max_tile = 0;  // largest tile the window rings can take
 
-  // Empty state for tiles of up to max_tile tokens.
-  void init(const Model& model, int64_t max_tile);
+  // Empty state whose pages come from `pool` (which must outlive it).
+  void init(const Model& model, CachePool* pool);
+  // Pages missing to hold the state of the first n_tokens positions.
+  size_t pages_missing(const Model& model, int64_t n_tokens) const;
+  // Takes those pages, all or none: on a full pool it throws dsv4::Error and
+  // the pool and this state are unchanged.
+  void reserve(const Model& model, int64_t n_tokens);
+  // Bytes of all cache pages the request holds.
+  size_t cache_bytes() const;
 };
 
 struct PrefillOptions {
@@ -35,6 +44,7 @@ struct PrefillResult {
   int32_t next_token = -1;       // argmax, ties to the lower id
   std::vector<float> hidden;     // [N][D] when keep_hidden, else the last row
   std::vector<float> residuals;  // [layers][N][hc][D] when keep_residuals
+  size_t cache_bytes = 0;        // pages the request holds at the end
 };
 
 // The longest request accepted: max_prompt (0 = no own limit) capped by
@@ -51,8 +61,13 @@ void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, i
 PrefillResult extend(const Model& model, RequestState& state, const std::vector<int32_t>& tokens,
                      const PrefillOptions& opts);
 
-// A whole prompt from empty state.
-PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts);
+// A whole prompt from empty state, with pages from `pool` (null: a pool of
+// exactly the request's size).
+PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts,
+                      CachePool* pool = nullptr);
+
+// A pool sized for one request of n_tokens positions.
+std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens);
 
 // Greedy choice: the largest logit, the lower id on ties.
 int32_t argmax(const float* v, int64_t n);

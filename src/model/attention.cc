@@ -12,13 +12,29 @@
 
 namespace dsv4 {
 
-void AttentionState::reset(const ModelConfig& c, const AttentionWeights& w, int ratio, int64_t max_tile) {
-  // A tile writes its own raw rows before its queries read the window, so
-  // the ring must hold sliding_window − 1 older rows plus the whole tile.
-  window_cap = int64_t(c.sliding_window) - 1 + max_tile;
-  window.assign(size_t(window_cap * c.head_dim), 0.f);
-  if (ratio != 0) comp.reset(w.compressor);
-  if (ratio == 4) idx_comp.reset(w.idx_compressor);
+void AttentionState::init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, int r) {
+  ratio = r;
+  window_rows = c.sliding_window;
+  window = PagedRows(pool, size_t(c.head_dim) * sizeof(uint16_t));
+  if (ratio != 0) comp.init(pool, w.compressor);
+  if (ratio == 4) idx_comp.init(pool, w.idx_compressor);
+}
+
+size_t AttentionState::pages_missing(const AttentionWeights& w, int64_t n_tokens) const {
+  size_t p = window.pages_missing(std::min(n_tokens, window_rows));
+  if (ratio != 0) p += comp.pages_missing(w.compressor, n_tokens);
+  if (ratio == 4) p += idx_comp.pages_missing(w.idx_compressor, n_tokens);
+  return p;
+}
+
+void AttentionState::reserve(const AttentionWeights& w, int64_t n_tokens) {
+  window.reserve(std::min(n_tokens, window_rows));
+  if (ratio != 0) comp.reserve(w.compressor, n_tokens);
+  if (ratio == 4) idx_comp.reserve(w.idx_compressor, n_tokens);
+}
+
+size_t AttentionState::bytes_held() const {
+  return window.bytes_held() + comp.bytes_held() + idx_comp.bytes_held();
 }
 
 void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out) {
@@ -78,15 +94,26 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     rope.rotate(qh + nd, cs.data() + (ih / H) * rd);
   });
 
-  // §6.3: the raw kv rows, written to the window before any query reads it.
-  std::vector<float> kv(size_t(n * d));
-  linear(w.wkv, x, n, kv.data(), qopts);
+  // §6.3: the raw kv rows. The window keys of this tile are the older rows
+  // read from the ring first, then the tile's own rows; only then does the
+  // tile overwrite the ring, so the ring needs just sliding_window slots.
+  const int64_t W = st.window_rows, lo = std::max<int64_t>(0, p0 - W + 1), n_old = p0 - lo;
+  std::vector<float> win(size_t((n_old + n) * d));
+  for (int64_t j = 0; j < n_old; ++j) {
+    const uint16_t* src = st.window.row_bf16((lo + j) % W);
+    for (int64_t k = 0; k < d; ++k) win[size_t(j * d + k)] = bf16_to_f32(src[k]);
+  }
+  float* kv = win.data() + n_old * d;
+  linear(w.wkv, x, n, kv, qopts);
   for (int64_t i = 0; i < n; ++i) {
-    float* r = kv.data() + i * d;
+    float* r = kv + i * d;
     rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
     rope.rotate(r + nd, cs.data() + i * rd);
     q8_inplace(r, size_t(nd), 64, c.scale_pow2);
-    std::copy(r, r + d, st.window.begin() + ((p0 + i) % st.window_cap) * d);
+  }
+  for (int64_t i = std::max<int64_t>(0, n - W); i < n; ++i) {
+    uint16_t* dst = st.window.row_bf16((p0 + i) % W);
+    for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[i * d + k]);
   }
 
   // §7: compressed rows completed inside this tile.
@@ -111,22 +138,33 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     for (float& v : wts) v = bf16r(v * k);
   }
 
+  // The compressed (and indexer) rows visible to the tile's last query, fp32.
+  std::vector<float> comp_rows, idx_rows;
+  if (ratio != 0) {
+    const int64_t vis = (p0 + n) / ratio;
+    comp_rows.resize(size_t(vis * d));
+    st.comp.read_rows(vis, int(d), comp_rows.data());
+    if (ratio == 4) {
+      idx_rows.resize(size_t(vis * di));
+      st.idx_comp.read_rows(vis, int(di), idx_rows.data());
+    }
+  }
+
   // §6.4–6.6: attention per query token, all heads.
   std::vector<float> o(size_t(n * H * d));
   parallel_for_each(n, [&](int64_t i) {
     const int64_t t = p0 + i;
     std::vector<const float*> keys;
-    for (int64_t j = std::max<int64_t>(0, t - c.sliding_window + 1); j <= t; ++j)
-      keys.push_back(st.window.data() + (j % st.window_cap) * d);
+    for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) keys.push_back(win.data() + (j - lo) * d);
     if (ratio != 0) {
       const int64_t visible = (t + 1) / ratio;
       if (ratio == 4) {
         std::vector<int32_t> chosen;
-        indexer_select(qi.data() + i * Hi * di, wts.data() + i * Hi, st.idx_comp.rows.data(), visible, int(Hi),
+        indexer_select(qi.data() + i * Hi * di, wts.data() + i * Hi, idx_rows.data(), visible, int(Hi),
                        int(di), c.index_topk, &chosen);
-        for (int32_t r : chosen) keys.push_back(st.comp.rows.data() + int64_t(r) * d);
+        for (int32_t r : chosen) keys.push_back(comp_rows.data() + int64_t(r) * d);
       } else {
-        for (int64_t r = 0; r < visible; ++r) keys.push_back(st.comp.rows.data() + r * d);
+        for (int64_t r = 0; r < visible; ++r) keys.push_back(comp_rows.data() + r * d);
       }
     }
     for (int64_t h = 0; h < H; ++h) {

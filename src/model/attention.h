@@ -13,14 +13,19 @@
 
 namespace dsv4 {
 
+// One layer's share of a request's caches (PREFILL.md §2), in pool pages.
 struct AttentionState {
-  int64_t window_cap = 0;       // rows in the raw window ring
-  std::vector<float> window;    // [window_cap][d]; position t at row t % window_cap
-  CompressorState comp;         // main compressor (ratio != 0)
-  CompressorState idx_comp;     // indexer compressor (ratio == 4)
+  int ratio = 0;
+  int64_t window_rows = 0;  // sliding_window: position t lives in slot t % window_rows
+  PagedRows window;         // raw kv rows, bf16 [d]
+  CompressorState comp;     // main compressor (ratio != 0)
+  CompressorState idx_comp; // indexer compressor (ratio == 4)
 
-  // Empty state able to take tiles of up to max_tile tokens.
-  void reset(const ModelConfig& c, const AttentionWeights& w, int ratio, int64_t max_tile);
+  void init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, int ratio);
+  // Pages missing to hold the state of the first n_tokens positions.
+  size_t pages_missing(const AttentionWeights& w, int64_t n_tokens) const;
+  void reserve(const AttentionWeights& w, int64_t n_tokens);
+  size_t bytes_held() const;
 };
 
 // x: the tile's normalised sublayer input [n][D] (bf16) at positions

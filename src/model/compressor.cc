@@ -1,5 +1,6 @@
 #include "model/compressor.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/formats.h"
@@ -8,12 +9,26 @@
 
 namespace dsv4 {
 
-void CompressorState::reset(const CompressorWeights& w) {
-  const size_t slots = size_t(w.coff * w.ratio), width = size_t(w.coff * w.head_dim);
-  a.assign(slots * width, 0.f);
-  g.assign(slots * width, 0.f);
-  rows.clear();
+void CompressorState::init(CachePool* pool, const CompressorWeights& w) {
+  ring = PagedRows(pool, size_t(2 * w.coff * w.head_dim) * sizeof(float));
+  rows = PagedRows(pool, size_t(w.head_dim) * sizeof(uint16_t));
   n_rows = 0;
+}
+
+size_t CompressorState::pages_missing(const CompressorWeights& w, int64_t n_tokens) const {
+  return ring.pages_missing(std::min<int64_t>(n_tokens, w.coff * w.ratio)) + rows.pages_missing(n_tokens / w.ratio);
+}
+
+void CompressorState::reserve(const CompressorWeights& w, int64_t n_tokens) {
+  ring.reserve(std::min<int64_t>(n_tokens, w.coff * w.ratio));
+  rows.reserve(n_tokens / w.ratio);
+}
+
+void CompressorState::read_rows(int64_t n, int hd, float* dst) const {
+  for (int64_t r = 0; r < n; ++r) {
+    const uint16_t* src = rows.row_bf16(r);
+    for (int k = 0; k < hd; ++k) dst[r * hd + k] = bf16_to_f32(src[k]);
+  }
 }
 
 void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
@@ -30,12 +45,15 @@ void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const
     for (int s = 0; s < r; ++s) { tok.push_back(ci * r + s); half.push_back(0); }
   }
   const int ns = int(tok.size());
+  std::vector<const float*> src(static_cast<size_t>(ns), nullptr);
+  for (int s = 0; s < ns; ++s)
+    if (tok[s] >= 0) src[size_t(s)] = st.ring.row_f32(tok[s] % slots) + half[s] * hd;
   std::vector<float> p(static_cast<size_t>(ns));
   for (int ch = 0; ch < hd; ++ch) {
     float mx = -INFINITY;
     for (int s = 0; s < ns; ++s) {
       if (tok[s] < 0) { p[s] = -INFINITY; continue; }
-      p[s] = st.g[size_t((tok[s] % slots) * width + half[s] * hd + ch)];
+      p[s] = src[size_t(s)][width + ch];
       mx = std::max(mx, p[s]);
     }
     float sum = 0.f;
@@ -43,7 +61,7 @@ void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const
     float v = 0.f;
     for (int s = 0; s < ns; ++s) {
       if (tok[s] < 0) continue;
-      v += (p[s] / sum) * st.a[size_t((tok[s] % slots) * width + half[s] * hd + ch)];
+      v += (p[s] / sum) * src[size_t(s)][ch];
     }
     out[ch] = bf16r(v);
   }
@@ -67,18 +85,20 @@ void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const 
   fp32_out.out_bf16 = false;
   linear(w.wkv, x, n, A.data(), fp32_out);
   linear(w.wgate, x, n, G.data(), fp32_out);
+  std::vector<float> row(static_cast<size_t>(hd));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = p0 + i;
-    const size_t slot = size_t(t % slots) * size_t(width);
+    float* slot = st.ring.row_f32(t % slots);
     const float* ape = w.ape.data() + (t % r) * width;
     for (int k = 0; k < width; ++k) {
-      st.a[slot + k] = A[size_t(i * width + k)];
-      st.g[slot + k] = G[size_t(i * width + k)] + ape[k];
+      slot[k] = A[size_t(i * width + k)];
+      slot[width + k] = G[size_t(i * width + k)] + ape[k];
     }
     if ((t + 1) % r == 0) {
       const int64_t ci = (t + 1) / r - 1;
-      st.rows.resize(size_t((ci + 1) * hd));
-      compressor_emit_row(w, c, rope, st, ci, st.rows.data() + ci * hd);
+      compressor_emit_row(w, c, rope, st, ci, row.data());
+      uint16_t* dst = st.rows.row_bf16(ci);
+      for (int k = 0; k < hd; ++k) dst[k] = f32_to_bf16(row[size_t(k)]);
       st.n_rows = ci + 1;
     }
   }

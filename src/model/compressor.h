@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/cache_pool.h"
 #include "io/config.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
@@ -13,14 +14,22 @@
 namespace dsv4 {
 
 struct CompressorState {
-  // Source rows of the last coff·r tokens, slot t mod (coff·r): a_t and
-  // g_t + ape[t mod r], each coff·hd wide.
-  std::vector<float> a, g;
-  // Emitted compressed rows [rows][hd]: the compressed KV (or indexer KV).
-  std::vector<float> rows;
+  // Source rows of the last coff·r tokens, slot t mod (coff·r), fp32:
+  // [a_t (coff·hd) | g_t + ape[t mod r] (coff·hd)].
+  PagedRows ring;
+  // Emitted compressed rows (the compressed KV or the indexer KV), bf16 [hd]:
+  // every value is exactly representable (bf16 rows, FP8/FP4-simulated).
+  PagedRows rows;
   int64_t n_rows = 0;
 
-  void reset(const CompressorWeights& w);
+  // Empty state taking its pages from `pool`.
+  void init(CachePool* pool, const CompressorWeights& w);
+  // Pages missing to process the first n_tokens positions; reserve() takes them.
+  size_t pages_missing(const CompressorWeights& w, int64_t n_tokens) const;
+  void reserve(const CompressorWeights& w, int64_t n_tokens);
+  size_t bytes_held() const { return ring.bytes_held() + rows.bytes_held(); }
+  // Rows [0, n) widened to fp32 [n][hd].
+  void read_rows(int64_t n, int hd, float* dst) const;
 };
 
 // Feeds the tile's normalised sublayer inputs x [n][D] at positions

@@ -59,7 +59,9 @@ ModelConfig tiny_preset() {
   c.rope_original_max_position = 65536;
   c.rope_beta_fast = 32.f;
   c.rope_beta_slow = 1.f;
-  c.max_position_embeddings = 4096;
+  // The golden tiny-a file says 4096; the preset allows the 8192-token (and
+  // longer) prompts the engine is built for. No value depends on it.
+  c.max_position_embeddings = 65536;
   c.vocab_size = 1024;
   c.bos_token_id = 0;
   c.eos_token_id = 1;
