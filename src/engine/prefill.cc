@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/stage_timer.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
 #include "model/hc.h"
@@ -47,14 +48,20 @@ void block_forward(const Model& m, int layer, const int32_t* tokens, int64_t p0,
   std::vector<float> y(size_t(n * D)), f(size_t(n * D));
   HcMix mix;
 
-  hc_pre(X, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-  for (int64_t i = 0; i < n; ++i) rms_norm_bf16(y.data() + i * D, lw.attn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
+  {
+    ScopedStage s(Stage::kHc);
+    hc_pre(X, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
+    for (int64_t i = 0; i < n; ++i) rms_norm_bf16(y.data() + i * D, lw.attn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
+  }
   attention_forward(lw.attn, c, lw.ratio, m.rope(layer), y.data(), p0, n, st, f.data());
-  hc_post(f.data(), X, n, hc, D, mix);
-
-  hc_pre(X, n, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-  for (int64_t i = 0; i < n; ++i) rms_norm_bf16(y.data() + i * D, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
+  {
+    ScopedStage s(Stage::kHc);
+    hc_post(f.data(), X, n, hc, D, mix);
+    hc_pre(X, n, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
+    for (int64_t i = 0; i < n; ++i) rms_norm_bf16(y.data() + i * D, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
+  }
   moe_forward(lw.ffn, c, layer, y.data(), tokens, n, f.data());
+  ScopedStage s(Stage::kHc);
   hc_post(f.data(), X, n, hc, D, mix);
 }
 
@@ -128,6 +135,7 @@ PrefillResult extend(const Model& model, RequestState& st, const std::vector<int
       if (opts.keep_residuals)
         std::memcpy(res.residuals.data() + ((l * N + i0) * hc) * D, X.data(), size_t(n * hc * D) * sizeof(float));
     }
+    ScopedStage head_stage(Stage::kHead);
     hc_head(X.data(), n, int(hc), D, model.weights.hc_head, c.hc_eps, c.rms_norm_eps, head_in.data());
     for (int64_t i = 0; i < n; ++i)
       rms_norm_bf16(head_in.data() + i * D, model.weights.norm.data(), D, c.rms_norm_eps, hidden.data() + i * D);

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/thread_pool.h"
-#include "kernels/dot.h"
+#include "kernels/gemm.h"
 
 namespace dsv4 {
 
@@ -112,25 +112,23 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
     x = xq.data();
     ldx = K;
   }
-  // Rows are split across threads in groups; each output element is one
-  // dot_f32, so the result does not depend on the split.
-  const int64_t kRowGroup = 4;
+  // Panels of 16 weight rows are dequantised on the fly; gemm fixes the
+  // reduction order (one FMA chain per output, ascending k).
   const int64_t rows = row_end - row_begin;
-  const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
-  ThreadPool::global().parallel_for(groups, [&](int64_t g0, int64_t g1, int) {
-    std::vector<float> wr(size_t(kRowGroup * K));
-    for (int64_t g = g0; g < g1; ++g) {
-      int64_t r0 = row_begin + g * kRowGroup, r1 = std::min(row_end, r0 + kRowGroup);
-      for (int64_t o = r0; o < r1; ++o) w.dequant_row(o, wr.data() + (o - r0) * K);
-      for (int64_t m = 0; m < M; ++m) {
-        const float* xr = x + m * ldx;
-        for (int64_t o = r0; o < r1; ++o) {
-          float v = dot_f32(xr, wr.data() + (o - r0) * K, K);
-          y[m * ldy + (o - row_begin)] = opts.out_bf16 ? bf16r(v) : v;
-        }
+  auto load = [&](int64_t n0, float* panel) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(K));
+    for (int j = 0; j < kGemmNR; ++j) {
+      const int64_t o = row_begin + n0 + j;
+      if (o < row_end) {
+        w.dequant_row(o, row.data());
+        for (int64_t k = 0; k < K; ++k) panel[k * kGemmNR + j] = row[size_t(k)];
+      } else {
+        for (int64_t k = 0; k < K; ++k) panel[k * kGemmNR + j] = 0.f;
       }
     }
-  });
+  };
+  gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16});
 }
 
 }  // namespace dsv4

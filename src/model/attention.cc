@@ -1,6 +1,7 @@
 #include "model/attention.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 
 #include "core/formats.h"
@@ -9,6 +10,7 @@
 #include "kernels/hadamard.h"
 #include "kernels/norm.h"
 #include "kernels/topk.h"
+#include "core/stage_timer.h"
 
 namespace dsv4 {
 
@@ -84,6 +86,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   for (int64_t i = 0; i < n; ++i) rope.cos_sin(p0 + i, cs.data() + i * rd);
 
   // §6.1–6.2: q.
+  std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
   std::vector<float> qr(size_t(n * ql)), q(size_t(n * H * d));
   linear(w.wq_a, x, n, qr.data(), qopts);
   for (int64_t i = 0; i < n; ++i) rms_norm_bf16(qr.data() + i * ql, w.q_norm.data(), ql, c.rms_norm_eps, qr.data() + i * ql);
@@ -117,6 +120,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   }
 
   // §7: compressed rows completed inside this tile.
+  stage.emplace(Stage::kCompressors);
   if (ratio != 0) compressor_forward(w.compressor, c, rope, x, p0, n, st.comp);
 
   // §8: indexer queries and weights.
@@ -124,6 +128,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   std::vector<float> qi, wts;
   if (ratio == 4) {
     compressor_forward(w.idx_compressor, c, rope, x, p0, n, st.idx_comp);
+    stage.emplace(Stage::kIndexer);
     qi.resize(size_t(n * Hi * di));
     linear(w.idx_wq_b, qr.data(), n, qi.data(), qopts);
     parallel_for_each(n * Hi, [&](int64_t ih) {
@@ -138,6 +143,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     for (float& v : wts) v = bf16r(v * k);
   }
 
+  stage.emplace(Stage::kAttention);
   // The compressed (and indexer) rows visible to the tile's last query, fp32.
   std::vector<float> comp_rows, idx_rows;
   if (ratio != 0) {
@@ -174,6 +180,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     }
   });
 
+  stage.emplace(Stage::kProjections);
   // §6.7: grouped low-rank output. wo_a's FP8 values are exact in bf16, so
   // the bf16 product is the FP8 weight without activation quantisation.
   const int64_t gw = H * d / G;

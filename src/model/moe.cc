@@ -1,6 +1,9 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <optional>
+
+#include "core/stage_timer.h"
 #include <cmath>
 
 #include "core/formats.h"
@@ -82,7 +85,9 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
 void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
                  int64_t n, float* out) {
   const int64_t D = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::optional<ScopedStage> stage(std::in_place, Stage::kGate);
   Routing r = moe_route(w, c, layer, x, tokens, n);
+  stage.emplace(Stage::kExperts);
   // Group rows by expert; y_routed[t][j] is expert r.expert[t][j]'s output.
   std::vector<float> y_routed(size_t(n * k * D));
   std::vector<std::vector<int64_t>> rows_of(static_cast<size_t>(E));

@@ -1,0 +1,39 @@
+// Wall-clock time per forward stage (PREFILL.md §5), for `dsv4 bench`.
+// Stages are entered on the calling thread only; the worker threads inside a
+// stage count towards it.
+#pragma once
+#include <array>
+#include <chrono>
+
+namespace dsv4 {
+
+enum class Stage { kProjections, kCompressors, kIndexer, kAttention, kGate, kExperts, kHc, kHead, kCount };
+inline const char* stage_name(Stage s) {
+  static const char* names[] = {"projections", "compressors", "indexer", "attention",
+                                "gate",        "experts",     "hc",      "head"};
+  return names[int(s)];
+}
+
+struct StageTimes {
+  std::array<double, size_t(Stage::kCount)> seconds{};
+  static StageTimes& global() {
+    static StageTimes t;
+    return t;
+  }
+  void reset() { seconds.fill(0.0); }
+};
+
+class ScopedStage {
+ public:
+  explicit ScopedStage(Stage s) : s_(s), t0_(std::chrono::steady_clock::now()) {}
+  ~ScopedStage() {
+    StageTimes::global().seconds[size_t(s_)] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  Stage s_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace dsv4

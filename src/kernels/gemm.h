@@ -1,0 +1,38 @@
+// The engine's matrix product: C[m][n] = Σ_k A[m][k] · B[n][k], fp32.
+//
+// Reduction order (PREFILL.md §6): every output is one fp32 accumulator fed
+// by fused multiply-adds in ascending k, whatever the blocking, the thread
+// split or M. The fast path and gemm_reference therefore agree bit for bit.
+//
+// B is never stored whole: a PanelLoader writes 16 consecutive B rows into a
+// packed panel [K][16] (rows past N as zeros), so weights in FP8/FP4/BF16
+// are dequantised one panel at a time and attention keys are gathered.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+namespace dsv4 {
+
+constexpr int kGemmNR = 16;  // B rows per panel
+
+// Writes B rows [n0, n0 + 16) into panel[k * 16 + j] (zeros past N).
+using PanelLoader = std::function<void(int64_t n0, float* panel)>;
+
+struct GemmOut {
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool bf16 = false;  // round each output to bf16
+};
+
+// Threads split the work by panels; results do not depend on the split.
+void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
+          bool parallel = true);
+
+// Plain loops with std::fma in ascending k: the definition gemm is tested against.
+void gemm_reference(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load,
+                    const GemmOut& out);
+
+// A loader for a row-major fp32 matrix B [N][K] with row stride ldb.
+PanelLoader dense_rows_loader(const float* B, int64_t ldb, int64_t N, int64_t K);
+
+}  // namespace dsv4
