@@ -480,6 +480,8 @@ void gen_values(const Source& s, const TensorSpec& t, uint64_t key, uint8_t* dst
 
 }  // namespace
 
+std::vector<TensorSpec> checkpoint_tensor_specs(const ModelConfig& c) { return plan_model(c).specs; }
+
 SyntheticSummary write_synthetic_model(const std::string& dir, const SyntheticOptions& o) {
   const ModelConfig c = synthetic_config(o);
   const Plan plan = plan_model(c);

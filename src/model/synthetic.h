@@ -4,8 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "io/config.h"
+#include "io/safetensors.h"
 
 namespace dsv4 {
 
@@ -32,5 +34,10 @@ struct SyntheticSummary {
 // near the largest tensor whatever the model size. The same options give
 // byte-identical files.
 SyntheticSummary write_synthetic_model(const std::string& dir, const SyntheticOptions& o);
+
+// The tensors a checkpoint for config `c` holds, in the official names,
+// dtypes and shapes: every tensor load_weights reads (the list gen-model
+// writes). `dsv4 info` checks a checkpoint against it from the headers alone.
+std::vector<TensorSpec> checkpoint_tensor_specs(const ModelConfig& c);
 
 }  // namespace dsv4
