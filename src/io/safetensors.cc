@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/mapping_guard.h"
 
 namespace dsv4 {
 
@@ -71,12 +72,16 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       throw Error(path + ": mmap failed: " + std::strerror(errno));
     }
     data_ = static_cast<const uint8_t*>(p);
+    register_mapping(data_, size_, &path_);  // names the file in a SIGBUS message
   }
   ::close(fd);
 }
 
 MappedFile::~MappedFile() {
-  if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_) {
+    unregister_mapping(data_);
+    munmap(const_cast<uint8_t*>(data_), size_);
+  }
 }
 
 std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, const std::string& origin) {
@@ -85,8 +90,13 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
   if (n > size - 8)
     throw Error(origin + ": header length " + std::to_string(n) + " is beyond the file size " + std::to_string(size));
-  std::string text(reinterpret_cast<const char*>(bytes + 8), size_t(n));
-  json h = json::parse(text, nullptr, false);
+  // The safetensors format's own bound (a real Flash shard's header is ~1 MB):
+  // a larger one is rejected before any of it is read.
+  if (n > kMaxSafetensorsHeader)
+    throw Error(origin + ": header length " + std::to_string(n) + " exceeds the limit of " +
+                std::to_string(kMaxSafetensorsHeader) + " bytes");
+  // Parsed in place (no copy): garbage fails at its first bad byte.
+  json h = json::parse(bytes + 8, bytes + 8 + n, nullptr, false);
   if (h.is_discarded()) throw Error(origin + ": header is not valid JSON");
   if (!h.is_object()) throw Error(origin + ": header must be a JSON object");
   const uint8_t* base = bytes + 8 + n;
@@ -411,7 +421,7 @@ size_t SafetensorsWriter::total_bytes() const {
 TensorFill SafetensorsWriter::filler() const {
   return [this](const TensorSpec& t, uint8_t* dst) {
     const std::vector<uint8_t>& b = bytes_.at(t.name);
-    std::memcpy(dst, b.data(), b.size());
+    if (!b.empty()) std::memcpy(dst, b.data(), b.size());  // an empty tensor: null pointers
   };
 }
 

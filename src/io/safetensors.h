@@ -47,6 +47,9 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// The longest header accepted (the limit of the safetensors library).
+constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
+
 // Parses a safetensors header held in memory (`size` bytes) and returns its
 // tensors with data pointers into `bytes`. Validation failures throw
 // dsv4::Error naming `origin` and the tensor.
@@ -116,7 +119,7 @@ class SafetensorsWriter {
   template <class T>
   void add_values(const std::string& name, DType dtype, const Shape& shape, const std::vector<T>& v) {
     std::vector<uint8_t> b(v.size() * sizeof(T));
-    std::memcpy(b.data(), v.data(), b.size());
+    if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());  // memcpy(null, null, 0) is UB
     add(name, dtype, shape, std::move(b));
   }
   // See write_safetensors_dir.

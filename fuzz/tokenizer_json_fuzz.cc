@@ -1,0 +1,7 @@
+// libFuzzer target 'tokenizer_json' (see fuzz/targets.h and scripts/fuzz.sh).
+#include "targets.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  dsv4::fuzz::tokenizer_json(data, size);
+  return 0;
+}

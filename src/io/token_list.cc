@@ -1,0 +1,44 @@
+#include "io/token_list.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+using nlohmann::json;
+
+std::vector<int32_t> parse_token_list(std::string_view text, const std::string& origin) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_array()) throw Error(origin + ": expected a JSON array of token ids");
+  std::vector<int32_t> t;
+  t.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (!j[i].is_number_integer()) throw Error(origin + ": element " + std::to_string(i) + " is not an integer");
+    // An unsigned value above INT64_MAX would wrap to a negative int64.
+    if (j[i].is_number_unsigned() && j[i].get<uint64_t>() > uint64_t(INT32_MAX))
+      throw Error(origin + ": token " + std::to_string(i) + " = " + j[i].dump() + " is out of range");
+    const int64_t v = j[i].get<int64_t>();
+    if (v < 0 || v > INT32_MAX)
+      throw Error(origin + ": token " + std::to_string(i) + " = " + std::to_string(v) + " is out of range");
+    t.push_back(int32_t(v));
+  }
+  return t;
+}
+
+std::vector<int32_t> read_token_list(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a token file");
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot open token file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw Error(path + ": cannot read token file");
+  return parse_token_list(ss.str(), path);
+}
+
+}  // namespace dsv4
