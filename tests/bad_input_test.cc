@@ -109,14 +109,8 @@ void expect_clean_error(const Outcome& o, const std::vector<std::string>& needle
 
 // ---- Files ------------------------------------------------------------------------------
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
-}
+using dsv4::testing::read_bytes;
+using dsv4::testing::write_bytes;
 
 // A single-file tiny synthetic model in tmp/name (config.json + model.safetensors).
 std::string tiny_model(const TempDir& tmp, const std::string& name = "m") {

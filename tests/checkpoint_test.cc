@@ -3,6 +3,8 @@
 // and corrupted files run through the real dsv4 binary, which must fail with
 // exit code 2 and one line naming the file and tensor.
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,14 +57,8 @@ class TempDir {
   fs::path path_;
 };
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
-}
+using dsv4::testing::read_bytes;
+using dsv4::testing::write_bytes;
 
 // A safetensors buffer from a header text and a data block.
 std::vector<uint8_t> make_file(const std::string& header, const std::vector<uint8_t>& data) {
