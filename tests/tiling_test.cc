@@ -41,30 +41,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// The request's cache contents in logical order (slot by slot), independent
-// of which physical pages hold them.
-std::vector<uint8_t> cache_contents(const Model& m, const RequestState& st) {
-  std::vector<uint8_t> out;
-  auto append = [&](const PagedRows& rows, int64_t n) {
-    for (int64_t r = 0; r < n; ++r) out.insert(out.end(), rows.row(r), rows.row(r) + rows.row_bytes());
-  };
-  const int64_t N = st.n_tokens;
-  for (size_t l = 0; l < st.layers.size(); ++l) {
-    const AttentionState& a = st.layers[l];
-    append(a.window, std::min(N, a.window_rows));
-    const AttentionWeights& w = m.weights.layers[l].attn;
-    if (a.ratio != 0) {
-      append(a.comp.rows, a.comp.n_rows);
-      append(a.comp.ring, std::min<int64_t>(N, w.compressor.coff * w.compressor.ratio));
-    }
-    if (a.ratio == 4) {
-      append(a.idx_comp.rows, a.idx_comp.n_rows);
-      append(a.idx_comp.ring, std::min<int64_t>(N, 2 * 4));
-    }
-  }
-  return out;
-}
-
 struct Outcome {
   PrefillResult result;
   std::vector<uint8_t> cache;
@@ -116,6 +92,85 @@ TEST(Threads, BitwiseIdenticalAcrossThreadCounts) {
     EXPECT_TRUE(same_bits(one.result.hidden, r->result.hidden));
     EXPECT_EQ(one.cache, r->cache);
   }
+}
+
+// PREFILL.md §1: layer-major chunks (one MoE step over several tiles) give
+// bitwise what the tile-major walk gives, for every chunk size.
+TEST(ChunkSizes, BitwiseIdenticalToTileMajor) {
+  const Model& m = tiny_model();
+  auto tokens = prompt(3000, m.config.vocab_size);
+  auto outcome = [&](int64_t tile, int64_t chunk) {
+    auto pool = pool_for_request(m, int64_t(tokens.size()));
+    RequestState st;
+    st.init(m, pool.get());
+    PrefillOptions o;
+    o.tile_tokens = tile;
+    o.chunk_tokens = chunk;
+    o.keep_hidden = true;
+    Outcome r;
+    r.result = extend(m, st, tokens, o);
+    r.cache = cache_contents(m, st);
+    return r;
+  };
+  const Outcome ref = outcome(128, 128);
+  for (auto [tile, chunk] : std::vector<std::pair<int64_t, int64_t>>{{128, 0}, {128, 512}, {128, 2048}, {300, 1000}, {64, 100}}) {
+    const Outcome r = outcome(tile, chunk);
+    EXPECT_TRUE(same_bits(r.result.logits, ref.result.logits)) << "tile=" << tile << " chunk=" << chunk;
+    EXPECT_TRUE(same_bits(r.result.hidden, ref.result.hidden)) << "tile=" << tile << " chunk=" << chunk;
+    EXPECT_EQ(r.cache, ref.cache) << "tile=" << tile << " chunk=" << chunk;
+  }
+}
+
+// PREFILL.md §4, §6: requests prefilled together share each MoE step, and
+// each gets bitwise what it gets alone; a bad request fails alone.
+TEST(Batch, EachRequestAsAlone) {
+  const Model& m = tiny_model();
+  const int V = m.config.vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t n : {1, 129, 700, 2000}) prompts.push_back(prompt(n, V));
+  prompts[2][5] = (prompts[2][5] + 17) % V;  // not a prefix of the longer prompt
+  std::vector<int32_t> bad = prompt(50, V);
+  bad[10] = V;  // out of range
+  prompts.insert(prompts.begin() + 1, bad);
+
+  CachePool pool(size_t(64) << 20);
+  std::vector<RequestState> states(prompts.size());
+  std::vector<RequestState*> ptrs;
+  for (RequestState& s : states) {
+    s.init(m, &pool);
+    ptrs.push_back(&s);
+  }
+  PrefillOptions o;
+  o.chunk_tokens = 256;
+  o.keep_hidden = true;
+  std::vector<PrefillResult> got = extend_batch(m, ptrs, prompts, o);
+  ASSERT_EQ(got.size(), prompts.size());
+  EXPECT_NE(got[1].error.find("outside [0, vocab_size"), std::string::npos) << got[1].error;
+  EXPECT_EQ(states[1].n_tokens, 0);
+  EXPECT_EQ(states[1].cache_bytes(), 0u);
+  for (size_t i : {0, 2, 3, 4}) {
+    const Outcome alone = run(m, prompts[i], 128);
+    EXPECT_TRUE(got[i].error.empty()) << got[i].error;
+    EXPECT_TRUE(same_bits(got[i].logits, alone.result.logits)) << "request " << i;
+    EXPECT_TRUE(same_bits(got[i].hidden, alone.result.hidden)) << "request " << i;
+    EXPECT_EQ(cache_contents(m, states[i]), alone.cache) << "request " << i;
+    EXPECT_EQ(got[i].next_token, alone.result.next_token);
+  }
+}
+
+TEST(Batch, PoolExhaustionFailsOnlyThatRequest) {
+  const Model& m = tiny_model();
+  auto small = prompt(100, m.config.vocab_size), big = prompt(4000, m.config.vocab_size);
+  // Room for the small request, not for both.
+  CachePool pool((pool_for_request(m, 100)->total_pages() + 3) * CachePool::kDefaultPageBytes);
+  RequestState a, b;
+  a.init(m, &pool);
+  b.init(m, &pool);
+  std::vector<PrefillResult> got = extend_batch(m, {&a, &b}, {small, big}, PrefillOptions{});
+  EXPECT_TRUE(got[0].error.empty()) << got[0].error;
+  EXPECT_NE(got[1].error.find("cache pool exhausted"), std::string::npos) << got[1].error;
+  EXPECT_EQ(b.cache_bytes(), 0u);
+  EXPECT_TRUE(same_bits(got[0].logits, run(m, small, 128).result.logits));
 }
 
 // PREFILL.md §2, row by row: raw window min(N, sliding_window) rows of

@@ -38,31 +38,60 @@ int32_t argmax(const float* v, int64_t n) {
 
 namespace {
 
-// One transformer block on the tile's residual rows X [n][hc][D].
-void block_forward(const Model& m, int layer, const int32_t* tokens, int64_t p0, int64_t n, float* X,
-                   AttentionState& st) {
+// One request's share of a chunk round: positions [p0, p0 + n) of its
+// tokens, rows [row0, row0 + n) of the round's residual stream.
+struct Segment {
+  size_t request;
+  RequestState* st;
+  const int32_t* tokens;  // the segment's own token ids
+  int64_t i0, p0, n, row0, tile;
+};
+
+// One layer on every row of the round. X [rows][hc][D] is updated in place:
+// attention runs tile by tile in position order (each tile reads the caches
+// that the earlier ones wrote), then one MoE step over all rows.
+void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, const int32_t* tokens, int64_t rows,
+                   float* X, ExpertRunner* experts) {
   const ModelConfig& c = m.config;
   const LayerWeights& lw = m.weights.layers[size_t(layer)];
   const int64_t D = c.hidden_size;
   const int hc = c.hc_mult;
-  std::vector<float> y(size_t(n * D)), f(size_t(n * D));
+  std::vector<float> y(size_t(rows * D)), f(size_t(rows * D));
   HcMix mix;
+  for (const Segment& s : segs)
+    for (int64_t t0 = 0; t0 < s.n; t0 += s.tile) {
+      const int64_t n = std::min(s.tile, s.n - t0), r0 = s.row0 + t0;
+      float* Xt = X + r0 * hc * D;
+      {
+        ScopedStage st(Stage::kHc);
+        hc_pre(Xt, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
+        for (int64_t i = 0; i < n; ++i)
+          rms_norm_bf16(y.data() + i * D, lw.attn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
+      }
+      attention_forward(lw.attn, c, lw.ratio, m.rope(layer), y.data(), s.p0 + t0, n, s.st->layers[size_t(layer)],
+                        f.data());
+      ScopedStage st(Stage::kHc);
+      hc_post(f.data(), Xt, n, hc, D, mix);
+    }
+  {
+    ScopedStage st(Stage::kHc);
+    hc_pre(X, rows, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
+    for (int64_t i = 0; i < rows; ++i)
+      rms_norm_bf16(y.data() + i * D, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
+  }
+  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, f.data(), experts);
+  ScopedStage st(Stage::kHc);
+  hc_post(f.data(), X, rows, hc, D, mix);
+}
 
-  {
-    ScopedStage s(Stage::kHc);
-    hc_pre(X, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-    for (int64_t i = 0; i < n; ++i) rms_norm_bf16(y.data() + i * D, lw.attn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
-  }
-  attention_forward(lw.attn, c, lw.ratio, m.rope(layer), y.data(), p0, n, st, f.data());
-  {
-    ScopedStage s(Stage::kHc);
-    hc_post(f.data(), X, n, hc, D, mix);
-    hc_pre(X, n, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-    for (int64_t i = 0; i < n; ++i) rms_norm_bf16(y.data() + i * D, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
-  }
-  moe_forward(lw.ffn, c, layer, y.data(), tokens, n, f.data());
-  ScopedStage s(Stage::kHc);
-  hc_post(f.data(), X, n, hc, D, mix);
+// hc_head → norm for `n` rows of X [.][hc][D] into hidden [n][D].
+void final_norm(const Model& m, const float* X, int64_t n, float* hidden) {
+  const ModelConfig& c = m.config;
+  const int64_t D = c.hidden_size;
+  std::vector<float> head_in(size_t(n * D));
+  hc_head(X, n, c.hc_mult, D, m.weights.hc_head, c.hc_eps, c.rms_norm_eps, head_in.data());
+  for (int64_t i = 0; i < n; ++i)
+    rms_norm_bf16(head_in.data() + i * D, m.weights.norm.data(), D, c.rms_norm_eps, hidden + i * D);
 }
 
 }  // namespace
@@ -106,52 +135,133 @@ std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens
   return std::make_unique<CachePool>(st.pages_missing(model, n_tokens) * probe.page_bytes());
 }
 
-PrefillResult extend(const Model& model, RequestState& st, const std::vector<int32_t>& tokens,
-                     const PrefillOptions& opts) {
+std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<RequestState*>& states,
+                                        const std::vector<std::vector<int32_t>>& tokens, const PrefillOptions& opts,
+                                        ExpertRunner* experts) {
   const ModelConfig& c = model.config;
-  if (st.n_tokens > 0 && opts.teacher) throw Error("teacher forcing needs a request that starts at position 0");
-  validate_prompt(c, tokens, prompt_limit(c, opts.max_prompt), st.n_tokens);
-  const int64_t N = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, L = c.num_hidden_layers;
-  const int64_t T = opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N;
-  const int64_t start = st.n_tokens;
-  st.reserve(model, start + N);  // fails here, before any state changes
+  const size_t Q = states.size();
+  if (tokens.size() != Q) throw Error("extend_batch: " + std::to_string(Q) + " states for " + std::to_string(tokens.size()) + " prompts");
+  if (opts.teacher && Q != 1) throw Error("teacher forcing takes exactly one request");
+  const int64_t D = c.hidden_size, hc = c.hc_mult, L = c.num_hidden_layers;
+  std::vector<PrefillResult> res(Q);
 
-  PrefillResult res;
-  if (opts.keep_hidden) res.hidden.resize(size_t(N * D));
-  if (opts.keep_residuals) res.residuals.resize(size_t(L * N * hc * D));
-  std::vector<float> X, head_in(size_t(T * D)), hidden(size_t(T * D)), erow(static_cast<size_t>(D));
-
-  for (int64_t i0 = 0; i0 < N; i0 += T) {
-    const int64_t n = std::min(T, N - i0), p0 = start + i0;
-    X.resize(size_t(n * hc * D));
-    for (int64_t i = 0; i < n; ++i) {
-      model.weights.embed.dequant_row(tokens[size_t(i0 + i)], erow.data());
-      for (int64_t k = 0; k < hc; ++k) std::copy(erow.begin(), erow.end(), X.begin() + (i * hc + k) * D);
+  // Check and reserve request by request: a failure stays with its request.
+  std::vector<bool> ok(Q, false);
+  std::vector<int64_t> tile(Q, 0), chunk(Q, 0), start(Q, 0);
+  int64_t rounds = 0;
+  for (size_t q = 0; q < Q; ++q) {
+    try {
+      if (states[q]->n_tokens > 0 && opts.teacher) throw Error("teacher forcing needs a request that starts at position 0");
+      validate_prompt(c, tokens[q], prompt_limit(c, opts.max_prompt), states[q]->n_tokens);
+      states[q]->reserve(model, states[q]->n_tokens + int64_t(tokens[q].size()));
+    } catch (const Error& e) {
+      res[q].error = e.what();
+      continue;
     }
+    ok[q] = true;
+    const int64_t N = int64_t(tokens[q].size());
+    start[q] = states[q]->n_tokens;
+    tile[q] = opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N;
+    chunk[q] = opts.chunk_tokens > 0 ? std::min(N, (opts.chunk_tokens + tile[q] - 1) / tile[q] * tile[q]) : N;
+    rounds = std::max(rounds, (N + chunk[q] - 1) / chunk[q]);
+    if (opts.keep_hidden) res[q].hidden.resize(size_t(N * D));
+    if (opts.keep_residuals) res[q].residuals.resize(size_t(L * N * hc * D));
+  }
+  if (experts) rounds = experts->agree_rounds(rounds);
+
+  std::vector<float> X, erow(static_cast<size_t>(D)), hidden;
+  std::vector<int32_t> round_tokens;
+  for (int64_t round = 0; round < rounds; ++round) {
+    std::vector<Segment> segs;
+    int64_t rows = 0;
+    round_tokens.clear();
+    for (size_t q = 0; q < Q; ++q) {
+      if (!ok[q]) continue;
+      const int64_t N = int64_t(tokens[q].size()), i0 = round * chunk[q];
+      if (i0 >= N) continue;
+      const int64_t n = std::min(chunk[q], N - i0);
+      segs.push_back(Segment{q, states[q], tokens[q].data() + i0, i0, start[q] + i0, n, rows, tile[q]});
+      round_tokens.insert(round_tokens.end(), tokens[q].begin() + i0, tokens[q].begin() + i0 + n);
+      rows += n;
+    }
+    X.resize(size_t(rows * hc * D));
+    for (const Segment& s : segs)
+      for (int64_t i = 0; i < s.n; ++i) {
+        model.weights.embed.dequant_row(s.tokens[i], erow.data());
+        for (int64_t k = 0; k < hc; ++k) std::copy(erow.begin(), erow.end(), X.begin() + ((s.row0 + i) * hc + k) * D);
+      }
     for (int64_t l = 0; l < L; ++l) {
       if (opts.teacher && l > 0)
-        std::memcpy(X.data(), opts.teacher + (((l - 1) * N + i0) * hc) * D, size_t(n * hc * D) * sizeof(float));
-      block_forward(model, int(l), tokens.data() + i0, p0, n, X.data(), st.layers[size_t(l)]);
+        for (const Segment& s : segs)
+          std::memcpy(X.data() + s.row0 * hc * D,
+                      opts.teacher + (((l - 1) * int64_t(tokens[s.request].size()) + s.i0) * hc) * D,
+                      size_t(s.n * hc * D) * sizeof(float));
+      layer_forward(model, int(l), segs, round_tokens.data(), rows, X.data(), experts);
       if (opts.keep_residuals)
-        std::memcpy(res.residuals.data() + ((l * N + i0) * hc) * D, X.data(), size_t(n * hc * D) * sizeof(float));
+        for (const Segment& s : segs) {
+          const int64_t N = int64_t(tokens[s.request].size());
+          std::memcpy(res[s.request].residuals.data() + ((l * N + s.i0) * hc) * D, X.data() + s.row0 * hc * D,
+                      size_t(s.n * hc * D) * sizeof(float));
+        }
     }
     ScopedStage head_stage(Stage::kHead);
-    hc_head(X.data(), n, int(hc), D, model.weights.hc_head, c.hc_eps, c.rms_norm_eps, head_in.data());
-    for (int64_t i = 0; i < n; ++i)
-      rms_norm_bf16(head_in.data() + i * D, model.weights.norm.data(), D, c.rms_norm_eps, hidden.data() + i * D);
-    if (opts.keep_hidden) std::copy(hidden.begin(), hidden.begin() + n * D, res.hidden.begin() + i0 * D);
-    if (i0 + n == N) {
-      if (!opts.keep_hidden) res.hidden.assign(hidden.begin() + (n - 1) * D, hidden.begin() + n * D);
-      res.logits.resize(size_t(c.vocab_size));
+    for (const Segment& s : segs) {
+      PrefillResult& r = res[s.request];
+      const int64_t N = int64_t(tokens[s.request].size());
+      const bool last = s.i0 + s.n == N;
+      if (opts.keep_hidden) {
+        final_norm(model, X.data() + s.row0 * hc * D, s.n, r.hidden.data() + s.i0 * D);
+      } else if (last) {
+        r.hidden.resize(size_t(D));
+        final_norm(model, X.data() + (s.row0 + s.n - 1) * hc * D, 1, r.hidden.data());
+      }
+      s.st->n_tokens = s.p0 + s.n;
+      if (!last) continue;
+      const float* h = r.hidden.data() + (opts.keep_hidden ? (N - 1) * D : 0);
+      r.logits.resize(size_t(c.vocab_size));
       LinearOpts fp32_out;
       fp32_out.out_bf16 = false;
-      linear(model.weights.head, hidden.data() + (n - 1) * D, 1, res.logits.data(), fp32_out);
+      linear(model.weights.head, h, 1, r.logits.data(), fp32_out);
+      r.next_token = argmax(r.logits.data(), c.vocab_size);
+      r.cache_bytes = s.st->cache_bytes();
     }
-    st.n_tokens = p0 + n;
   }
-  res.next_token = argmax(res.logits.data(), c.vocab_size);
-  res.cache_bytes = st.cache_bytes();
   return res;
+}
+
+PrefillResult extend(const Model& model, RequestState& st, const std::vector<int32_t>& tokens,
+                     const PrefillOptions& opts) {
+  std::vector<PrefillResult> r = extend_batch(model, {&st}, {tokens}, opts);
+  if (!r[0].error.empty()) throw Error(r[0].error);
+  return std::move(r[0]);
+}
+
+std::vector<uint8_t> cache_contents(const Model& m, const RequestState& st) {
+  std::vector<uint8_t> out;
+  auto append = [&](const PagedRows& rows, int64_t n) {
+    for (int64_t r = 0; r < n; ++r) out.insert(out.end(), rows.row(r), rows.row(r) + rows.row_bytes());
+  };
+  const int64_t N = st.n_tokens;
+  for (size_t l = 0; l < st.layers.size(); ++l) {
+    const AttentionState& a = st.layers[l];
+    append(a.window, std::min(N, a.window_rows));
+    const AttentionWeights& w = m.weights.layers[l].attn;
+    if (a.ratio != 0) {
+      append(a.comp.rows, a.comp.n_rows);
+      append(a.comp.ring, std::min<int64_t>(N, w.compressor.coff * w.compressor.ratio));
+    }
+    if (a.ratio == 4) {
+      append(a.idx_comp.rows, a.idx_comp.n_rows);
+      append(a.idx_comp.ring, std::min<int64_t>(N, w.idx_compressor.coff * w.idx_compressor.ratio));
+    }
+  }
+  return out;
+}
+
+uint64_t cache_checksum(const Model& m, const RequestState& st) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : cache_contents(m, st)) h = (h ^ b) * 1099511628211ull;
+  return h;
 }
 
 PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts,

@@ -1,8 +1,12 @@
-// Prefill of one request (PREFILL.md §1, §3): the prompt is walked in tiles
-// of tile_tokens positions, tile-major (every layer for one tile, then the
-// next tile); only the per-layer caches of RequestState cross tiles.
+// Prefill (PREFILL.md §1, §3, §4). A request is walked in chunks of
+// chunk_tokens positions, each cut into tiles of tile_tokens: layer-major
+// within the chunk (attention tile by tile, then one MoE step over every row
+// of the chunk), chunk after chunk. Only the per-layer caches of RequestState
+// cross tiles and chunks. Several requests run together: per chunk round
+// their rows share each MoE step (one weight pass), each keeps its own caches.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <memory>
@@ -10,6 +14,7 @@
 #include "engine/cache_pool.h"
 #include "model/attention.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace dsv4 {
 
@@ -32,6 +37,9 @@ struct RequestState {
 
 struct PrefillOptions {
   int64_t tile_tokens = 128;      // 0 = the whole prompt in one tile
+  // Positions per MoE step and request, rounded up to whole tiles; 0 = the
+  // whole prompt. Large chunks let each expert see many rows per weight pass.
+  int64_t chunk_tokens = 2048;
   int64_t max_prompt = 0;         // 0 = max_position_embeddings
   bool keep_hidden = false;       // all rows of the final normalised hidden
   bool keep_residuals = false;    // every layer's output residual stream
@@ -45,6 +53,7 @@ struct PrefillResult {
   std::vector<float> hidden;     // [N][D] when keep_hidden, else the last row
   std::vector<float> residuals;  // [layers][N][hc][D] when keep_residuals
   size_t cache_bytes = 0;        // pages the request holds at the end
+  std::string error;             // extend_batch: why this request failed (empty: it did not)
 };
 
 // The longest request accepted: max_prompt (0 = no own limit) capped by
@@ -61,6 +70,16 @@ void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, i
 PrefillResult extend(const Model& model, RequestState& state, const std::vector<int32_t>& tokens,
                      const PrefillOptions& opts);
 
+// Several requests at once: request i appends tokens[i] to states[i]. A
+// request that is invalid or does not get its cache pages fails alone (its
+// result's `error` says why; its state is unchanged); the others go on and
+// give bitwise the results they give alone. With `experts`, the routed
+// experts run through it and the number of chunk rounds is agreed with it
+// (every participant takes the same MoE steps, with zero rows if need be).
+std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<RequestState*>& states,
+                                        const std::vector<std::vector<int32_t>>& tokens, const PrefillOptions& opts,
+                                        ExpertRunner* experts = nullptr);
+
 // A whole prompt from empty state, with pages from `pool` (null: a pool of
 // exactly the request's size).
 PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts,
@@ -68,6 +87,12 @@ PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, co
 
 // A pool sized for one request of n_tokens positions.
 std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens);
+
+// The request's cache contents in logical order (slot by slot: window,
+// compressed rows, compressor state, per layer), whatever pages hold them.
+std::vector<uint8_t> cache_contents(const Model& model, const RequestState& st);
+// FNV-1a 64 of cache_contents: equal caches, equal checksums.
+uint64_t cache_checksum(const Model& model, const RequestState& st);
 
 // Greedy choice: the largest logit, the lower id on ties.
 int32_t argmax(const float* v, int64_t n);

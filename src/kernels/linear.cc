@@ -1,6 +1,7 @@
 #include "kernels/linear.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -39,14 +40,20 @@ void Weight::dequant_row(int64_t o, float* dst) const {
       break;
     }
     case Kind::kFP4: {
+      // One table lookup per byte gives both values (low nibble: even index).
+      static const std::array<std::array<float, 2>, 256> pairs = [] {
+        std::array<std::array<float, 2>, 256> t{};
+        for (int b = 0; b < 256; ++b) t[size_t(b)] = {e2m1_to_f32(uint8_t(b & 15)), e2m1_to_f32(uint8_t(b >> 4))};
+        return t;
+      }();
       const uint8_t* r = data + o * (in / 2);
       const uint8_t* srow = scale + o * (in / 32);
       for (int64_t b = 0; b < in / 32; ++b) {
-        float s = e8m0_to_f32(srow[b]);
+        const float s = e8m0_to_f32(srow[b]);  // a power of two: the products are exact
         for (int64_t j = 0; j < 16; ++j) {
-          uint8_t byte = r[b * 16 + j];
-          dst[b * 32 + 2 * j] = e2m1_to_f32(byte & 15) * s;      // low nibble: even index
-          dst[b * 32 + 2 * j + 1] = e2m1_to_f32(byte >> 4) * s;
+          const auto& v = pairs[r[b * 16 + j]];
+          dst[b * 32 + 2 * j] = v[0] * s;
+          dst[b * 32 + 2 * j + 1] = v[1] * s;
         }
       }
       break;

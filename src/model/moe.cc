@@ -82,31 +82,45 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
   linear(e.w2, g.data(), m, y, q);
 }
 
-void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
-                 int64_t n, float* out) {
-  const int64_t D = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
-  std::optional<ScopedStage> stage(std::in_place, Stage::kGate);
-  Routing r = moe_route(w, c, layer, x, tokens, n);
-  stage.emplace(Stage::kExperts);
-  // Group rows by expert; y_routed[t][j] is expert r.expert[t][j]'s output.
-  std::vector<float> y_routed(size_t(n * k * D));
-  std::vector<std::vector<int64_t>> rows_of(static_cast<size_t>(E));
-  for (int64_t t = 0; t < n * k; ++t) rows_of[size_t(r.expert[size_t(t)])].push_back(t);
+void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* const* x_rows, const int32_t* expert,
+                       const float* weight, int64_t n_pairs, float* y) {
+  const int64_t D = c.hidden_size, E = c.n_routed_experts;
+  std::vector<std::vector<int64_t>> pairs_of(static_cast<size_t>(E));
+  for (int64_t j = 0; j < n_pairs; ++j) pairs_of[size_t(expert[j])].push_back(j);
   std::vector<float> xe, we, ye;
   for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = rows_of[size_t(e)];
-    if (rows.empty()) continue;
-    const int64_t m = int64_t(rows.size());
+    const auto& pairs = pairs_of[size_t(e)];
+    if (pairs.empty()) continue;
+    const int64_t m = int64_t(pairs.size());
     xe.resize(size_t(m * D));
     we.resize(static_cast<size_t>(m));
     ye.resize(size_t(m * D));
     for (int64_t i = 0; i < m; ++i) {
-      std::copy(x + (rows[i] / k) * D, x + (rows[i] / k + 1) * D, xe.begin() + i * D);
-      we[size_t(i)] = r.weight[size_t(rows[i])];
+      std::copy(x_rows[pairs[size_t(i)]], x_rows[pairs[size_t(i)]] + D, xe.begin() + i * D);
+      we[size_t(i)] = weight[pairs[size_t(i)]];
     }
     expert_forward(w.experts[size_t(e)], c, xe.data(), m, we.data(), ye.data());
-    for (int64_t i = 0; i < m; ++i) std::copy(ye.begin() + i * D, ye.begin() + (i + 1) * D, y_routed.begin() + rows[i] * D);
+    for (int64_t i = 0; i < m; ++i) std::copy(ye.begin() + i * D, ye.begin() + (i + 1) * D, y + pairs[size_t(i)] * D);
   }
+}
+
+void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
+                 int64_t n, float* out, ExpertRunner* runner) {
+  const int64_t D = c.hidden_size, k = c.num_experts_per_tok;
+  if (n == 0 && !runner) return;
+  std::optional<ScopedStage> stage(std::in_place, Stage::kGate);
+  Routing r = n > 0 ? moe_route(w, c, layer, x, tokens, n) : Routing{};
+  stage.emplace(Stage::kExperts);
+  // y_routed[t][j] is expert r.expert[t][j]'s output on row t.
+  std::vector<float> y_routed(size_t(n * k * D));
+  if (runner) {
+    runner->run_routed(w, c, x, n, r, y_routed.data());
+  } else {
+    std::vector<const float*> rows(size_t(n * k));
+    for (int64_t i = 0; i < n * k; ++i) rows[size_t(i)] = x + (i / k) * D;
+    run_experts_local(w, c, rows.data(), r.expert.data(), r.weight.data(), n * k, y_routed.data());
+  }
+  if (n == 0) return;
   std::vector<float> ys(size_t(n * D));
   expert_forward(w.shared, c, x, n, nullptr, ys.data());
   for (int64_t t = 0; t < n; ++t)

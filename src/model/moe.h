@@ -24,8 +24,30 @@ Routing moe_route(const MoeWeights& w, const ModelConfig& c, int layer, const fl
 void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x, int64_t m, const float* row_weight,
                     float* y);
 
-// out [n][D] = bf16(Σ_routed y_e + y_shared).
+// Where the routed experts of one MoE step run (PREFILL.md §4). The default
+// runs every expert in this process; the expert-parallel runner (src/dist)
+// sends each (row, expert, weight) to the rank that owns the expert.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  // y [n·k][D]: for each routed pair i, expert r.expert[i]'s output on row
+  // i / k of x [n][D], already scaled by r.weight[i] (bf16 values). Called
+  // once per MoE step even when n is 0, so that all ranks stay in lockstep.
+  virtual void run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n, const Routing& r,
+                          float* y) = 0;
+  // The number of chunk rounds every participant takes: the most any needs.
+  virtual int64_t agree_rounds(int64_t local) { return local; }
+};
+
+// Runs the experts of the listed pairs in this process, grouped by expert in
+// ascending id: pairs[j] indexes r.expert / r.weight, x_rows[j] is its input
+// row; writes y[j] [D]. Every output row is independent of the grouping.
+void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* const* x_rows, const int32_t* expert,
+                       const float* weight, int64_t n_pairs, float* y);
+
+// out [n][D] = bf16(Σ_routed y_e + y_shared), the routed sum in ascending
+// expert id. `runner` null: every expert runs here.
 void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
-                 int64_t n, float* out);
+                 int64_t n, float* out, ExpertRunner* runner = nullptr);
 
 }  // namespace dsv4
