@@ -3,6 +3,9 @@
 
 #include <cstring>
 #include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "io/npy.h"
 #include "test_util.h"
@@ -73,6 +76,44 @@ TEST(Generate, LogitsRowsMatchPrefills) {
     EXPECT_EQ(std::memcmp(l.data.data(), all.data.data() + i * 1024, 1024 * sizeof(float)), 0) << "step " << i;
     seq.push_back(gen[size_t(i)]);
   }
+}
+
+// prefill --requests: each request's logits and caches are those of its
+// own run; a bad request is reported with its error and the others still run.
+TEST(Requests, BatchMatchesSingleRunsAndReportsBadOnes) {
+  TempDir tmp;
+  const std::string m = " --model " + golden_dir();
+  const std::vector<std::string> prompts = {"[0, 5, 9]", "[0, 17, 300, 5, 999, 42, 7, 8, 1, 2, 3, 4, 5, 6]", "[0]"};
+  const std::string reqs = "[" + prompts[0] + ", {\"tokens\": " + prompts[1] + "}, [0, 4096], " + prompts[2] + "]";
+  auto r = run_dsv4("prefill" + m + " --requests " + write_tokens(tmp, "r.json", reqs) +
+                    " --tile-tokens 4 --chunk-tokens 8 --json --dump-logits " + (tmp / "out"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // request 2 has a token outside the vocabulary
+  EXPECT_NE(r.output.find("\"index\":2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("vocab_size"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::ifstream(tmp / "out/2.npy").good());
+  const size_t idx[] = {0, 1, 3};
+  for (size_t j = 0; j < 3; ++j) {
+    const std::string alone = tmp / ("a" + std::to_string(j) + ".npy");
+    auto s = run_dsv4("prefill" + m + " --tokens " + write_tokens(tmp, "t" + std::to_string(j) + ".json", prompts[j]) +
+                      " --json --dump-logits " + alone);
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    EXPECT_EQ(testing::read_bytes(alone), testing::read_bytes(tmp / ("out/" + std::to_string(idx[j]) + ".npy")))
+        << "request " << idx[j];
+    // The same cache checksum in both outputs.
+    const auto one = nlohmann::json::parse(s.output.substr(s.output.find('{')));
+    std::istringstream lines(r.output);
+    bool found = false;
+    for (std::string line; std::getline(lines, line);) {
+      const auto req = nlohmann::json::parse(line, nullptr, false);
+      if (req.is_discarded() || !req.is_object() || req.value("index", -1) != int(idx[j])) continue;
+      found = true;
+      EXPECT_EQ(req.value("cache_checksum", ""), one["cache_checksum"]) << line;
+      EXPECT_EQ(req.value("next_token", -1), one["next_token"]) << line;
+    }
+    EXPECT_TRUE(found) << r.output;
+  }
+  expect_clean_error(run_dsv4("prefill" + m + " --requests " + write_tokens(tmp, "bad.json", "[{\"x\": 1}]")),
+                     "request 0");
 }
 
 }  // namespace

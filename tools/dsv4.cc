@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/stage_timer.h"
 #include "core/thread_pool.h"
+#include "dist/ep.h"
 #include "engine/prefill.h"
 #include "io/mapping_guard.h"
 #include "io/npy.h"
@@ -29,6 +30,7 @@
 #include "io/tokenizer.h"
 #include "model/model.h"
 #include "model/synthetic.h"
+#include "bench.h"
 
 using namespace dsv4;
 using nlohmann::json;
@@ -53,7 +55,27 @@ commands:
       --think                 with --chat: end with <think> (thinking mode)
       --system S              with --chat: the system text after the BOS
       --threads N             worker threads (default: all cores)
+      --requests FILE.json    several requests in one batch instead of --tokens/
+                              --prompt: a JSON list of token-id arrays or of
+                              {"tokens": [...]} / {"prompt": "..."} objects; they
+                              share each MoE step, each keeps its own caches.
+                              Prints one line (with --json one object: index,
+                              n_tokens, next_token, cache_bytes, cache_checksum
+                              or error) per request; --dump-logits DIR writes
+                              DIR/<index>.npy. A failed request is reported and
+                              the others still run (exit code 2).
+                              Under `mpirun -np R` (expert parallelism): rank k
+                              holds routed experts [k*E/R, (k+1)*E/R) (E must be
+                              divisible by R), request i runs on rank i % R, and
+                              rank 0 prints every result as one process would.
+                              An error that stops a rank ends the whole job
+                              (exit 2; the message names the rank).
+      --ep-stats              with --requests: one more line (JSON with --json)
+                              with the MoE steps, all-to-all bytes and seconds
       --tile-tokens T         positions per tile (default 128; 0 = whole prompt)
+      --chunk-tokens C        positions per MoE step (default 2048, whole tiles;
+                              0 = whole prompt): attention runs tile by tile,
+                              the MoE once per chunk. Results do not depend on it
       --max-prompt N          longest accepted prompt (default: max_position_embeddings)
       --cache-pool-mb MB      size of the paged cache pool (default: what the
                               request needs); a full pool is a clean error
@@ -70,7 +92,7 @@ commands:
                               weight propagates into the output)
   generate    prefill, then decode greedily from the same caches
       --model, --tokens/--prompt, --chat, --think, --system, --threads,
-      --tile-tokens, --max-prompt as for prefill; with DIR/tokenizer.json the
+      --tile-tokens, --chunk-tokens, --max-prompt as for prefill; with DIR/tokenizer.json the
       generated text is printed too
       --max-new-tokens K      tokens to generate (default 16)
       --ignore-eos            do not stop at eos_token_id
@@ -103,6 +125,22 @@ commands:
   bench-tokenizer  time encoding of a mixed text (English, code, CJK, kana,
               Hangul, digits, emoji, whitespace)
       --model DIR [--chars N (default 30000)] [--file F] [--reps R (default 20)]
+  bench       prefill tokens/s, seconds per stage, model GFLOP/s against the
+              measured peak (fp32 FMA microbenchmark on all threads: this CPU
+              has no BF16 instructions, BF16 runs as bf16->fp32 + fp32 FMA),
+              and the engine's BF16 GEMM against OpenBLAS on prefill shapes
+      --model DIR             checkpoint to load, or else a synthetic model:
+      --preset tiny|flash     generated into a temporary directory (removed
+                              afterwards); --layers L --experts E --vocab V
+                              --seed S as for gen-model (default: --preset tiny)
+      --tokens N1,N2,...      prompt lengths (default 512,1024,2048,4096,8192)
+      --threads N             worker threads (default: all cores)
+      --tile-tokens T         positions per tile (default 128)
+      --gemm-shapes S         default | none | MxKxN,MxKxN,... (default:
+                              512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768)
+      --gemm-reps R           best of at most R runs per GEMM (default 3)
+      --peak-seconds S        length of each peak measurement (default 0.25)
+      --json                  one JSON object: peak_gflops, gemm [...], prefill [...]
   help        this text
 
 Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage
@@ -129,7 +167,7 @@ struct Args {
   }
 };
 
-const std::vector<std::string> kFlags = {"json", "ignore-eos", "check-weights", "chat", "think", "skip-special"};
+const std::vector<std::string> kFlags = {"json", "ignore-eos", "check-weights", "chat", "think", "skip-special", "ep-stats"};
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -249,34 +287,210 @@ size_t checkpoint_rss_bytes() {
   return kb * 1024;
 }
 
-Request load_request(const Args& a) {
+// The options prefill and generate share, and the model. The prompt itself
+// comes from --tokens / --prompt (load_request) or --requests.
+Request load_engine(const Args& a) {
   if (!a.has("model")) throw Error(a.command + " needs --model DIR");
-  if (a.has("tokens") == a.has("prompt")) throw Error(a.command + " needs exactly one of --tokens FILE or --prompt TEXT");
   if (a.has("threads")) {
     const int64_t t = a.get_int("threads", 0);
     if (t < 1 || t > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(t));
     ThreadPool::set_threads(int(t));
   }
   Request r;
-  r.model = Model::load(a.get("model"));
-  // The engine does not use the MTP block (mtp.*): it is not scanned.
-  if (a.has("check-weights"))
-    check_weights_finite(r.model->checkpoint, [](const std::string& n) { return n.rfind("mtp.", 0) != 0; });
-  const ModelConfig& c = r.model->config;
-  r.tokenizer = model_tokenizer(a.get("model"), c);
-  r.tokens = prompt_tokens(a, c, r.tokenizer.get());
   r.opts.tile_tokens = a.get_int("tile-tokens", 128);
   if (r.opts.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  r.opts.chunk_tokens = a.get_int("chunk-tokens", r.opts.chunk_tokens);
+  if (r.opts.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
   r.opts.max_prompt = a.get_int("max-prompt", 0);
+  if (r.opts.max_prompt < 0) throw Error("--max-prompt must be >= 0");
   r.pool_mb = a.get_int("cache-pool-mb", 0);
   if (r.pool_mb < 0 || r.pool_mb > (int64_t(1) << 30)) throw Error("--cache-pool-mb must be in [0, 2^30]");
-  if (r.opts.max_prompt < 0) throw Error("--max-prompt must be >= 0");
+  // Under mpirun, this rank's share of the routed experts only (src/dist/ep.h).
+  ExpertRange held;
+  if (dist::active()) {
+    const ModelConfig cfg = ModelConfig::load((std::filesystem::path(a.get("model")) / "config.json").string());
+    held = dist::expert_range(cfg.n_routed_experts, dist::rank(), dist::size());
+  }
+  r.model = Model::load(a.get("model"), held);
+  // The engine does not use the MTP block (mtp.*): it is not scanned; nor are
+  // the routed experts another rank holds.
+  if (a.has("check-weights"))
+    check_weights_finite(r.model->checkpoint, [held](const std::string& n) {
+      return n.rfind("mtp.", 0) != 0 && dist::holds_tensor(n, held);
+    });
+  r.tokenizer = model_tokenizer(a.get("model"), r.model->config);
+  return r;
+}
+
+Request load_request(const Args& a) {
+  if (!a.has("model")) throw Error(a.command + " needs --model DIR");
+  if (a.has("tokens") == a.has("prompt")) throw Error(a.command + " needs exactly one of --tokens FILE or --prompt TEXT");
+  Request r = load_engine(a);
+  const ModelConfig& c = r.model->config;
+  r.tokens = prompt_tokens(a, c, r.tokenizer.get());
   validate_prompt(c, r.tokens, prompt_limit(c, r.opts.max_prompt));
   return r;
 }
 
+// prefill --requests FILE: the requests of the file in one batch (PREFILL.md
+// §4). A request that fails (bad token, too long, no cache pages) reports its
+// error; the others still run and the exit code is then 2.
+int cmd_prefill_requests(const Args& a) {
+  check_allowed(a, {"model", "requests", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "dump-logits",
+                    "json", "cache-pool-mb", "check-weights", "chat", "think", "system", "ep-stats"});
+  if (a.has("tokens") || a.has("prompt")) throw Error("--requests replaces --tokens and --prompt");
+  const std::vector<RequestSpec> specs = read_request_list(a.get("requests"));
+  Request req = load_engine(a);
+  const Model& m = *req.model;
+  const ModelConfig& c = m.config;
+  const size_t Q = specs.size();
+  std::vector<std::vector<int32_t>> tokens(Q);
+  std::vector<std::string> spec_error(Q);
+  for (size_t i = 0; i < Q; ++i) {
+    try {
+      if (!specs[i].is_prompt) {
+        if (a.has("chat")) throw Error("--chat needs \"prompt\" requests (token ids are used as they are)");
+        tokens[i] = specs[i].tokens;
+      } else {
+        Args b = a;
+        b.opts.erase("requests");
+        b.opts["prompt"] = specs[i].prompt;
+        tokens[i] = prompt_tokens(b, c, req.tokenizer.get());
+      }
+    } catch (const Error& e) {
+      spec_error[i] = e.what();
+    }
+  }
+  // Under mpirun (expert parallelism, src/dist/ep.h) request i runs on rank
+  // i % R; every rank takes every MoE step, with zero rows if need be.
+  const bool ep = dist::active();
+  const int ep_rank = dist::rank(), ep_ranks = dist::size();
+  auto mine = [&](size_t i) { return dist::owner_of_request(int64_t(i), ep_ranks) == ep_rank; };
+  // Default pool: what each request needs alone, summed (per rank: its own).
+  size_t pool_bytes = size_t(req.pool_mb) << 20;
+  if (req.pool_mb == 0)
+    for (size_t i = 0; i < Q; ++i)
+      if (mine(i)) pool_bytes += pool_for_request(m, std::max<int64_t>(1, int64_t(tokens[i].size())))->total_pages() *
+                    CachePool::kDefaultPageBytes;
+  CachePool pool(pool_bytes);
+  std::vector<RequestState> states(Q);
+  std::vector<RequestState*> run_states;
+  std::vector<std::vector<int32_t>> run_tokens;
+  std::vector<size_t> run_index;
+  for (size_t i = 0; i < Q; ++i) {
+    states[i].init(m, &pool);
+    if (!spec_error[i].empty() || !mine(i)) continue;
+    run_states.push_back(&states[i]);
+    run_tokens.push_back(tokens[i]);
+    run_index.push_back(i);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<dist::MpiExpertRunner> ep_runner;
+  if (ep) ep_runner = std::make_unique<dist::MpiExpertRunner>(c.n_routed_experts);
+  std::vector<PrefillResult> got = extend_batch(m, run_states, run_tokens, req.opts, ep_runner.get());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<PrefillResult> res(Q);
+  for (size_t j = 0; j < run_index.size(); ++j) res[run_index[j]] = std::move(got[j]);
+  for (size_t i = 0; i < Q; ++i)
+    if (!spec_error[i].empty()) res[i].error = spec_error[i];
+  std::vector<uint64_t> sums(Q);
+  dist::EpTotals ep_totals;
+  if (!ep) {
+    for (size_t i = 0; i < Q; ++i) sums[i] = cache_checksum(m, states[i]);
+  } else {
+    // Rank 0 gathers every request's result and prints them all.
+    std::vector<dist::RequestOutcome> local;
+    for (size_t i = 0; i < Q; ++i) {
+      if (!mine(i)) continue;
+      dist::RequestOutcome o;
+      o.index = int64_t(i);
+      o.n_tokens = int64_t(tokens[i].size());
+      o.next_token = res[i].next_token;
+      o.cache_bytes = res[i].cache_bytes;
+      o.cache_checksum = cache_checksum(m, states[i]);
+      o.seconds = secs;
+      o.error = res[i].error;
+      o.logits = std::move(res[i].logits);
+      local.push_back(std::move(o));
+    }
+    const std::vector<dist::RequestOutcome> all = dist::gather_outcomes(local);
+    ep_totals = ep_runner->reduce_totals(secs);
+    if (ep_rank != 0) return 0;
+    for (const dist::RequestOutcome& o : all) {
+      PrefillResult& r = res[size_t(o.index)];
+      r.next_token = o.next_token;
+      r.cache_bytes = size_t(o.cache_bytes);
+      r.error = o.error;
+      r.logits = o.logits;
+      sums[size_t(o.index)] = o.cache_checksum;
+    }
+  }
+
+  if (a.has("dump-logits")) {
+    const std::string dir = a.get("dump-logits");
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error(dir + ": cannot create the logits directory: " + ec.message());
+    for (size_t i = 0; i < Q; ++i)
+      if (res[i].error.empty()) write_npy(dir + "/" + std::to_string(i) + ".npy", res[i].logits.data(), {c.vocab_size});
+  }
+  int64_t total = 0;
+  bool failed = false;
+  for (size_t i = 0; i < Q; ++i) {
+    const PrefillResult& r = res[i];
+    failed |= !r.error.empty();
+    if (r.error.empty()) total += int64_t(tokens[i].size());
+    char sum[17];
+    std::snprintf(sum, sizeof sum, "%016llx", (unsigned long long)sums[i]);
+    if (a.has("json")) {
+      json out = {{"index", i}, {"n_tokens", tokens[i].size()}};
+      if (r.error.empty()) {
+        out.update({{"next_token", r.next_token}, {"cache_bytes", r.cache_bytes}, {"cache_checksum", sum}});
+      } else {
+        out["error"] = r.error;
+      }
+      std::cout << out.dump() << std::endl;
+    } else if (r.error.empty()) {
+      std::printf("request %zu: %zu tokens, next token %d, cache %zu bytes, cache checksum %s\n", i, tokens[i].size(),
+                  r.next_token, r.cache_bytes, sum);
+    } else {
+      std::printf("request %zu: error: %s\n", i, r.error.c_str());
+    }
+  }
+  if (!a.has("json"))
+    std::printf("prefill: %zu requests, %lld tokens in %.3f s, %.1f tokens/s\n", Q, (long long)total, secs,
+                secs > 0 ? double(total) / secs : 0.0);
+  if (a.has("ep-stats")) {
+    // Expert-parallel traffic (docs/PERFORMANCE.md): bytes summed over ranks,
+    // seconds the slowest rank's; one process without mpirun: R = 1, no steps.
+    const dist::EpTotals& t = ep_totals;
+    const double wall = ep ? t.wall_seconds : secs;
+    const double per_step = t.steps ? double(t.bytes_sent) / double(t.steps) : 0.0;
+    json st = {{"ranks", ep_ranks}, {"steps", t.steps}, {"all_to_all_bytes", t.bytes_sent},
+               {"all_to_all_bytes_per_step", per_step}, {"all_to_all_seconds", t.comm_seconds},
+               {"moe_step_seconds", t.total_seconds}, {"seconds", wall}, {"tokens", total},
+               {"tokens_per_second", wall > 0 ? double(total) / wall : 0.0}};
+    json steps = json::array();
+    for (size_t i = 0; i < t.step_bytes.size(); ++i)
+      steps.push_back({{"bytes", t.step_bytes[i]}, {"seconds", t.step_comm_seconds[i]}});
+    st["per_step"] = steps;
+    if (a.has("json"))
+      std::cout << json{{"ep_stats", st}}.dump() << std::endl;
+    else
+      std::printf("ep: %d ranks, %lld MoE steps, all-to-all %.0f bytes/step (%llu in all), %.3f s in all-to-all, "
+                  "%.3f s in MoE steps, %.3f s wall, %.1f tokens/s\n",
+                  ep_ranks, (long long)t.steps, per_step, (unsigned long long)t.bytes_sent, t.comm_seconds,
+                  t.total_seconds, wall, wall > 0 ? double(total) / wall : 0.0);
+  }
+  return failed ? 2 : 0;
+}
+
 int cmd_prefill(const Args& a) {
-  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "dump-logits", "dump-hidden",
+  if (a.has("requests")) return cmd_prefill_requests(a);
+  if (dist::size() > 1)
+    throw Error("under mpirun with " + std::to_string(dist::size()) +
+                " ranks, prefill takes --requests FILE.json (requests are dealt to the ranks round-robin)");
+  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "dump-logits", "dump-hidden",
                     "dump-residuals", "teacher-force", "top", "json", "cache-pool-mb", "check-weights", "chat", "think", "system"});
   Request req = load_request(a);
   auto& model = req.model;
@@ -297,7 +511,11 @@ int cmd_prefill(const Args& a) {
 
   auto t0 = std::chrono::steady_clock::now();
   auto pool = req.make_pool(N);
-  PrefillResult r = prefill(*model, tokens, o, pool.get());
+  RequestState st;
+  st.init(*model, pool.get());
+  PrefillResult r = extend(*model, st, tokens, o);
+  char checksum[17];
+  std::snprintf(checksum, sizeof checksum, "%016llx", (unsigned long long)cache_checksum(*model, st));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (std::getenv("DSV4_STAGES"))
@@ -317,7 +535,7 @@ int cmd_prefill(const Args& a) {
     json top = json::array();
     for (int64_t i = 0; i < topn; ++i) top.push_back({{"id", order[size_t(i)]}, {"logit", r.logits[size_t(order[size_t(i)])]}});
     json out = {{"n_tokens", N}, {"next_token", r.next_token}, {"seconds", secs},
-                {"tokens_per_second", double(N) / secs}, {"cache_bytes", r.cache_bytes},
+                {"tokens_per_second", double(N) / secs}, {"cache_bytes", r.cache_bytes}, {"cache_checksum", checksum},
                 {"peak_rss_bytes", peak_rss_bytes()}, {"checkpoint_rss_bytes", checkpoint_rss_bytes()},
                 {"checkpoint_bytes", model->checkpoint.total_bytes()}, {"top", top}};
     std::cout << out.dump() << std::endl;
@@ -334,7 +552,7 @@ int cmd_prefill(const Args& a) {
 }
 
 int cmd_generate(const Args& a) {
-  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "max-prompt", "max-new-tokens",
+  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "max-new-tokens",
                     "ignore-eos", "dump-logits-all", "json", "cache-pool-mb", "chat", "think", "system"});
   Request req = load_request(a);
   const Model& m = *req.model;
@@ -703,6 +921,47 @@ std::string mixed_text(size_t n) {
   return s;
 }
 
+int cmd_bench(const Args& a) {
+  check_allowed(a, {"model", "preset", "layers", "experts", "vocab", "seed", "tokens", "threads", "tile-tokens",
+                    "gemm-shapes", "gemm-reps", "peak-seconds", "json"});
+  BenchOptions o;
+  if (a.has("model") && (a.has("preset") || a.has("layers") || a.has("experts") || a.has("vocab") || a.has("seed")))
+    throw Error("bench takes either --model DIR or --preset (with --layers/--experts/--vocab/--seed), not both");
+  o.model_dir = a.get("model");
+  o.preset = a.get("preset", "tiny");
+  auto int_opt = [&](const std::string& k) {
+    const int64_t v = a.get_int(k, 0);
+    if (v < 1 || v > (int64_t(1) << 30)) throw Error("--" + k + " must be in [1, 2^30], got " + std::to_string(v));
+    return int(v);
+  };
+  if (a.has("layers")) o.layers = int_opt("layers");
+  if (a.has("experts")) o.experts = int_opt("experts");
+  if (a.has("vocab")) o.vocab = int_opt("vocab");
+  const int64_t seed = a.get_int("seed", 0);
+  if (seed < 0) throw Error("--seed must be >= 0, got " + std::to_string(seed));
+  o.seed = uint64_t(seed);
+  if (a.has("tokens")) o.tokens = parse_token_counts(a.get("tokens"));
+  if (a.has("threads")) {
+    const int64_t t = a.get_int("threads", 0);
+    if (t < 1 || t > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(t));
+    o.threads = int(t);
+  }
+  o.tile_tokens = a.get_int("tile-tokens", 128);
+  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  if (a.has("gemm-shapes")) o.gemm_shapes = parse_gemm_shapes(a.get("gemm-shapes"));
+  o.gemm_reps = int(a.get_int("gemm-reps", 3));
+  if (o.gemm_reps < 1 || o.gemm_reps > 1000) throw Error("--gemm-reps must be in [1, 1000]");
+  if (a.has("peak-seconds")) {
+    char* end = nullptr;
+    const std::string v = a.get("peak-seconds");
+    o.peak_seconds = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end || !(o.peak_seconds > 0 && o.peak_seconds <= 60))
+      throw Error("--peak-seconds must be a number in (0, 60], got '" + v + "'");
+  }
+  o.json = a.has("json");
+  return run_bench(o);
+}
+
 int cmd_bench_tokenizer(const Args& a) {
   check_allowed(a, {"model", "chars", "file", "reps"});
   if (!a.has("model")) throw Error("bench-tokenizer needs --model DIR");
@@ -742,8 +1001,24 @@ int cmd_bench_tokenizer(const Args& a) {
 
 int main(int argc, char** argv) {
   install_sigbus_handler();  // a checkpoint truncated while mapped: one line, exit 2
+  // Under mpirun, prefill joins the MPI job (expert parallelism); an error on
+  // any rank then ends the whole job (MPI_Abort) instead of leaving the
+  // others waiting in a collective.
+  struct MpiFinalize {
+    ~MpiFinalize() { dist::finalize(); }
+  } mpi_finalize;
+  auto fail = [](const char* msg) {
+    if (dist::active()) {
+      std::fprintf(stderr, "dsv4: error: %s (rank %d)\n", msg, dist::rank());
+      std::fflush(stderr);
+      dist::abort_job(2);
+    }
+    std::fprintf(stderr, "dsv4: error: %s\n", msg);
+    return 2;
+  };
   try {
     Args a = parse_args(argc, argv);
+    if (a.command == "prefill" && dist::launched_by_mpi()) dist::init();
     if (a.command.empty() || a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kHelp, stdout);
       return a.command.empty() ? 2 : 0;
@@ -756,12 +1031,11 @@ int main(int argc, char** argv) {
     if (a.command == "detokenize") return cmd_detokenize(a);
     if (a.command == "make-tokenizer") return cmd_make_tokenizer(a);
     if (a.command == "bench-tokenizer") return cmd_bench_tokenizer(a);
+    if (a.command == "bench") return cmd_bench(a);
     throw Error("unknown command '" + a.command + "' (see dsv4 --help)");
   } catch (const Error& e) {
-    std::fprintf(stderr, "dsv4: error: %s\n", e.what());
-    return 2;
+    return fail(e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "dsv4: error: out of memory\n");
-    return 2;
+    return fail("out of memory");
   }
 }

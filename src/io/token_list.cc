@@ -30,15 +30,50 @@ std::vector<int32_t> parse_token_list(std::string_view text, const std::string& 
   return t;
 }
 
-std::vector<int32_t> read_token_list(const std::string& path) {
+namespace {
+
+std::string read_text(const std::string& path, const char* what) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a token file");
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a " + what);
   std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open token file");
+  if (!f) throw Error(path + ": cannot open " + what);
   std::stringstream ss;
   ss << f.rdbuf();
-  if (f.bad()) throw Error(path + ": cannot read token file");
-  return parse_token_list(ss.str(), path);
+  if (f.bad()) throw Error(path + ": cannot read " + what);
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<int32_t> read_token_list(const std::string& path) {
+  return parse_token_list(read_text(path, "token file"), path);
+}
+
+std::vector<RequestSpec> parse_request_list(std::string_view text, const std::string& origin) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_array())
+    throw Error(origin + ": expected a JSON list of requests (token-id arrays or {\"tokens\"|\"prompt\"} objects)");
+  std::vector<RequestSpec> out(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string where = origin + ": request " + std::to_string(i);
+    const json& e = j[i];
+    if (e.is_array()) {
+      out[i].tokens = parse_token_list(e.dump(), where);
+    } else if (e.is_object() && e.size() == 1 && e.contains("tokens")) {
+      out[i].tokens = parse_token_list(e["tokens"].dump(), where + " \"tokens\"");
+    } else if (e.is_object() && e.size() == 1 && e.contains("prompt") && e["prompt"].is_string()) {
+      out[i].prompt = e["prompt"].get<std::string>();
+      out[i].is_prompt = true;
+    } else {
+      throw Error(where + ": expected a token-id array or an object with exactly one of \"tokens\" (array) or "
+                  "\"prompt\" (string)");
+    }
+  }
+  return out;
+}
+
+std::vector<RequestSpec> read_request_list(const std::string& path) {
+  return parse_request_list(read_text(path, "requests file"), path);
 }
 
 }  // namespace dsv4

@@ -16,11 +16,14 @@ struct Model {
   ModelWeights weights;
   RopeTable rope_swa;         // ratio-0 layers
   RopeTable rope_compressed;  // CSA / HCA layers (YaRN)
+  ExpertRange experts;        // the routed experts held, end resolved (all of them unless EP)
 
   const RopeTable& rope(int layer) const { return config.ratio(layer) ? rope_compressed : rope_swa; }
 
-  // Reads DIR/config.json and the checkpoint, validating every tensor.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // Reads DIR/config.json and the checkpoint, validating every tensor it
+  // uses: with `experts`, only those routed experts (the others' tensors are
+  // not read; their weights stay empty), as one expert-parallel rank needs.
+  static std::unique_ptr<Model> load(const std::string& dir, ExpertRange experts = {});
 };
 
 }  // namespace dsv4

@@ -60,7 +60,11 @@ ExpertWeights load_expert(const Checkpoint& ck, const std::string& p, const Mode
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c) {
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRange experts) {
+  const int64_t e0 = experts.begin, e1 = experts.end < 0 ? c.n_routed_experts : experts.end;
+  if (e0 < 0 || e0 >= e1 || e1 > c.n_routed_experts)
+    throw Error("expert range [" + std::to_string(e0) + ", " + std::to_string(e1) + ") is not a non-empty part of the " +
+                std::to_string(c.n_routed_experts) + " routed experts");
   const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, B = c.weight_block_size;
   const int64_t H = c.num_attention_heads, d = c.head_dim;
   const auto FP8 = Weight::Kind::kFP8, BF16 = Weight::Kind::kBF16;
@@ -123,7 +127,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c) {
       f.gate_bias = load_vector(ck, bn, {E}, {DType::kF32, DType::kBF16});
     }
     f.experts.resize(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e)
+    for (int64_t e = e0; e < e1; ++e)
       f.experts[size_t(e)] = load_expert(ck, fp + "experts." + std::to_string(e), c, Weight::Kind::kFP4);
     f.shared = load_expert(ck, fp + "shared_experts", c, FP8);
     m.layers.push_back(std::move(lw));

@@ -64,6 +64,15 @@ struct ModelWeights {
 std::vector<float> load_vector(const Checkpoint& ck, const std::string& name, const Shape& shape,
                                const std::vector<DType>& dtypes = {DType::kF32, DType::kBF16});
 
-ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c);
+// The routed experts a process holds (expert parallelism, PREFILL.md §4):
+// ids [begin, end); end = -1 means through the last expert.
+struct ExpertRange {
+  int64_t begin = 0, end = -1;
+};
+
+// Loads and checks every tensor the forward uses. Routed experts outside
+// `experts` are neither looked up nor checked: their MoeWeights::experts
+// entries stay empty (null data) and their bytes are never touched.
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRange experts = {});
 
 }  // namespace dsv4

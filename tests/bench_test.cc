@@ -1,0 +1,110 @@
+// `dsv4 bench` end to end on a tiny synthetic model: the JSON it prints, and
+// logits checksums that do not change across runs or thread counts.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using nlohmann::json;
+using testing::run_dsv4;
+
+// Runs `dsv4 <args>` and captures stdout alone (stderr is dropped).
+testing::RunResult run_stdout(const std::string& args) {
+  testing::RunResult r;
+  const std::string cmd = std::string(DSV4_BIN) + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// The bench on tiny shapes; stdout must be exactly one JSON object.
+json bench_json(const std::string& extra) {
+  auto r = run_stdout("bench --preset tiny --tokens 64,128 --gemm-shapes 64x256x128,32x128x64 --gemm-reps 1 "
+                      "--peak-seconds 0.02 --json " + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << r.output;
+  return j;
+}
+
+std::vector<std::string> checksums(const json& j) {
+  std::vector<std::string> r;
+  for (const json& p : j.at("prefill")) r.push_back(p.at("logits_checksum").get<std::string>());
+  return r;
+}
+
+TEST(Bench, JsonFieldsAndDeterministicChecksums) {
+  const json a = bench_json("--threads 2");
+  ASSERT_TRUE(a.is_object());
+  ASSERT_TRUE(a.contains("peak_gflops"));
+  EXPECT_TRUE(a["peak_gflops"].is_number());
+  EXPECT_GT(a["peak_gflops"].get<double>(), 0.0);
+  EXPECT_EQ(a.at("threads").get<int>(), 2);
+
+  ASSERT_TRUE(a.contains("gemm") && a["gemm"].is_array());
+  ASSERT_EQ(a["gemm"].size(), 2u);
+  const json& g = a["gemm"][0];
+  EXPECT_EQ(g.at("m").get<int>(), 64);
+  EXPECT_EQ(g.at("k").get<int>(), 256);
+  EXPECT_EQ(g.at("n").get<int>(), 128);
+  EXPECT_TRUE(g.at("gflops").is_number());
+  EXPECT_GT(g["gflops"].get<double>(), 0.0);
+  ASSERT_TRUE(g.contains("openblas_gflops"));
+  EXPECT_TRUE(g["openblas_gflops"].is_number() || g["openblas_gflops"].is_null());
+  if (g.contains("max_rel_diff")) {
+    EXPECT_LT(g["max_rel_diff"].get<double>(), 1e-3);
+  }
+
+  ASSERT_TRUE(a.contains("prefill") && a["prefill"].is_array());
+  ASSERT_EQ(a["prefill"].size(), 2u);
+  const int64_t lengths[] = {64, 128};
+  for (size_t i = 0; i < 2; ++i) {
+    const json& p = a["prefill"][i];
+    EXPECT_EQ(p.at("n_tokens").get<int64_t>(), lengths[i]);
+    for (const char* k : {"seconds", "tokens_per_second", "gflops", "flop_limited_fraction"}) {
+      ASSERT_TRUE(p.contains(k)) << k;
+      EXPECT_TRUE(p[k].is_number()) << k;
+      EXPECT_GT(p[k].get<double>(), 0.0) << k;
+    }
+    EXPECT_NEAR(p["tokens_per_second"].get<double>() * p["seconds"].get<double>(), double(lengths[i]), 1e-6 * lengths[i]);
+    EXPECT_NEAR(p["flop_limited_fraction"].get<double>(),
+                p["gflops"].get<double>() / a["peak_gflops"].get<double>(), 1e-9);
+    const std::string cs = p.at("logits_checksum").get<std::string>();
+    EXPECT_EQ(cs.size(), 16u);
+    EXPECT_EQ(cs.find_first_not_of("0123456789abcdef"), std::string::npos) << cs;
+    EXPECT_TRUE(p.at("next_token").is_number_integer());
+    ASSERT_TRUE(p.contains("stage_seconds") && p["stage_seconds"].is_object());
+    for (const char* s : {"projections", "compressors", "indexer", "attention", "gate", "experts", "hc", "head"})
+      EXPECT_TRUE(p["stage_seconds"].contains(s)) << s;
+  }
+  EXPECT_NE(checksums(a)[0], checksums(a)[1]);
+
+  // Same checksums on a second run and on one thread.
+  const json b = bench_json("--threads 2");
+  const json c = bench_json("--threads 1");
+  EXPECT_EQ(checksums(a), checksums(b));
+  EXPECT_EQ(checksums(a), checksums(c));
+  EXPECT_EQ(c.at("threads").get<int>(), 1);
+}
+
+TEST(Bench, BadOptionsFailCleanly) {
+  for (const std::string args : {"bench --tokens 0", "bench --tokens 12,x", "bench --gemm-shapes 1x2",
+                                  "bench --preset huge", "bench --model /nonexistent/dir",
+                                  "bench --model /tmp --preset tiny", "bench --threads 0", "bench --bogus 1"}) {
+    auto r = run_dsv4(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("dsv4: error:"), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace dsv4

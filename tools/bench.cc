@@ -1,0 +1,562 @@
+#include "bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/formats.h"
+#include "core/peak.h"
+#include "core/stage_timer.h"
+#include "core/thread_pool.h"
+#include "engine/flops.h"
+#include "engine/prefill.h"
+#include "kernels/linear.h"
+#include "model/model.h"
+#include "model/synthetic.h"
+
+#ifdef DSV4_HAVE_OPENBLAS
+#include <cblas.h>
+#include <dlfcn.h>
+#endif
+
+namespace dsv4 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- Progress on stderr -----------------------------------------------------------
+//
+// Drawn only when stderr is a terminal, and only once the run has taken more
+// than a second: `[#####     ] 3/9 prefill N=2048  12.3 s`. A step's share
+// of the bar grows with its elapsed time against its expected time (when
+// one is known), never past the step's end.
+class Progress {
+ public:
+  explicit Progress(int steps) : steps_(std::max(1, steps)), enabled_(isatty(STDERR_FILENO) == 1) {
+    if (enabled_) ticker_ = std::thread([this] { tick(); });
+  }
+  ~Progress() { finish(/*ok=*/false); }
+
+  void begin(const std::string& label, double expected_seconds = 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    label_ = label;
+    expected_ = expected_seconds;
+    step_start_ = Clock::now();
+  }
+  void end() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++done_;
+    expected_ = 0;
+  }
+  // Stops the ticker; a drawn bar ends with its line (full when ok).
+  void finish(bool ok = true) {
+    if (!ticker_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    ticker_.join();
+    if (drawn_ && ok)
+      std::fprintf(stderr, "\r[%s] done in %.1f s%*s\n", std::string(kWidth, '#').c_str(), since(start_), 40, "");
+    else if (drawn_)
+      std::fprintf(stderr, "\n");
+  }
+
+ private:
+  static constexpr int kWidth = 30;
+
+  void tick() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stop_) {
+      cv_.wait_for(l, std::chrono::milliseconds(200));
+      if (stop_ || since(start_) < 1.0) continue;
+      double frac = double(done_);
+      if (expected_ > 0) frac += std::min(0.99, since(step_start_) / expected_);
+      frac = std::min(1.0, frac / steps_);
+      const int fill = int(frac * kWidth);
+      std::fprintf(stderr, "\r[%s%s] %d/%d %-28s %7.1f s", std::string(size_t(fill), '#').c_str(),
+                   std::string(size_t(kWidth - fill), ' ').c_str(), std::min(done_ + 1, steps_), steps_,
+                   label_.c_str(), since(start_));
+      std::fflush(stderr);
+      drawn_ = true;
+    }
+  }
+
+  const int steps_;
+  const bool enabled_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread ticker_;
+  Clock::time_point start_ = Clock::now(), step_start_ = Clock::now();
+  std::string label_;
+  double expected_ = 0;
+  int done_ = 0;
+  bool stop_ = false, drawn_ = false;
+};
+
+// ---- The model ---------------------------------------------------------------------
+
+// A directory under $TMPDIR (or /tmp), removed with everything in it.
+struct TempModelDir {
+  std::string path;
+  TempModelDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "dsv4-bench-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw Error("cannot create a temporary directory under " + tmpl);
+    path = tmpl;
+  }
+  ~TempModelDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Deterministic prompt: a 64-bit LCG, the high bits mod vocab_size. A shorter
+// prompt is a prefix of a longer one.
+std::vector<int32_t> bench_prompt(int64_t n, int vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t[size_t(i)] = int32_t((x >> 33) % uint64_t(vocab));
+  }
+  return t;
+}
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+  return buf;
+}
+
+// ---- GEMM: the engine's linear() against OpenBLAS --------------------------------------
+//
+// OpenBLAS has cblas_sbgemm (bf16 inputs, fp32 out) only when it was built
+// with BUILD_BFLOAT16. Debian's 0.3.21 declares it in cblas.h but does not
+// export it, so it is looked up at run time; without it the baseline is
+// cblas_sgemm on the same bf16 values widened to fp32 (what an AVX2 machine
+// computes for a BF16 GEMM anyway).
+#ifdef DSV4_HAVE_OPENBLAS
+using SbgemmFn = void (*)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint, blasint,
+                          float, const bfloat16*, blasint, const bfloat16*, blasint, float, float*, blasint);
+SbgemmFn find_sbgemm() { return reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm")); }
+#endif
+
+std::string openblas_routine() {
+#ifdef DSV4_HAVE_OPENBLAS
+  if (find_sbgemm()) return "cblas_sbgemm (OpenBLAS BF16 GEMM)";
+  return "cblas_sgemm on the bf16 values widened to fp32 (this OpenBLAS has no cblas_sbgemm: built without "
+         "BUILD_BFLOAT16)";
+#else
+  return "none (no OpenBLAS found at configure time)";
+#endif
+}
+
+struct GemmResult {
+  GemmShape shape;
+  double seconds = 0, gflops = 0;
+  double openblas_seconds = 0, openblas_gflops = 0;  // 0 when OpenBLAS is not built in
+  double max_rel_diff = 0;                           // max |engine − OpenBLAS| / max |OpenBLAS|
+};
+
+// Best seconds of at most `reps` runs of fn, stopping early once more than
+// `budget` seconds have been spent (at least one run).
+template <class F>
+double best_seconds(int reps, double budget, F&& fn) {
+  double best = INFINITY, spent = 0;
+  for (int r = 0; r < reps && (r == 0 || spent < budget); ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    const double s = since(t0);
+    best = std::min(best, s);
+    spent += s;
+  }
+  return best;
+}
+
+GemmResult bench_gemm(const GemmShape& g, int reps) {
+  const int64_t M = g.m, K = g.k, N = g.n;
+  // Random bf16 values in [-1, 1): A (activations, M x K), B (weight, N x K).
+  std::vector<uint16_t> a16(size_t(M * K)), b16(size_t(N * K));
+  uint64_t x = 0x243F6A8885A308D3ull ^ uint64_t(M * 31 + K * 7 + N);
+  auto next = [&]() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return f32_to_bf16(float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23));
+  };
+  for (auto& v : a16) v = next();
+  for (auto& v : b16) v = next();
+  std::vector<float> a32(a16.size());
+  for (size_t i = 0; i < a16.size(); ++i) a32[i] = bf16_to_f32(a16[i]);
+
+  Weight w;
+  w.kind = Weight::Kind::kBF16;
+  w.out = N;
+  w.in = K;
+  w.data = reinterpret_cast<const uint8_t*>(b16.data());
+  LinearOpts lo;
+  lo.act_quant = false;
+  lo.out_bf16 = false;
+
+  GemmResult r;
+  r.shape = g;
+  const double flops = 2.0 * double(M) * double(K) * double(N);
+  std::vector<float> c(size_t(M * N));
+  r.seconds = best_seconds(reps, 2.0, [&] { linear(w, a32.data(), M, c.data(), lo); });
+  r.gflops = flops / r.seconds / 1e9;
+#ifdef DSV4_HAVE_OPENBLAS
+  std::vector<float> cb(size_t(M * N));
+  if (SbgemmFn sbgemm = find_sbgemm()) {
+    r.openblas_seconds = best_seconds(reps, 2.0, [&] {
+      sbgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(M), blasint(N), blasint(K), 1.f, a16.data(),
+             blasint(K), b16.data(), blasint(K), 0.f, cb.data(), blasint(N));
+    });
+  } else {
+    // No BF16 GEMM in this OpenBLAS: its fp32 GEMM on the same values,
+    // widened beforehand (not timed).
+    std::vector<float> b32(b16.size());
+    for (size_t i = 0; i < b16.size(); ++i) b32[i] = bf16_to_f32(b16[i]);
+    r.openblas_seconds = best_seconds(reps, 2.0, [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(M), blasint(N), blasint(K), 1.f, a32.data(),
+                  blasint(K), b32.data(), blasint(K), 0.f, cb.data(), blasint(N));
+    });
+  }
+  r.openblas_gflops = flops / r.openblas_seconds / 1e9;
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(c[i]) - double(cb[i])));
+    scale = std::max(scale, std::fabs(double(cb[i])));
+  }
+  r.max_rel_diff = scale > 0 ? diff / scale : diff;
+  // OpenBLAS's idle threads spin for a while after a call; let them go to
+  // sleep before the engine is timed again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+#endif
+  return r;
+}
+
+// ---- Prefill -------------------------------------------------------------------------
+
+struct PrefillRun {
+  int64_t n_tokens = 0;
+  double seconds = 0;
+  FlopCounts flops;
+  std::array<double, size_t(Stage::kCount)> stages{};
+  uint64_t checksum = 0;
+  int32_t next_token = -1;
+};
+
+PrefillRun bench_prefill(const Model& m, int64_t n, int64_t tile_tokens) {
+  PrefillRun r;
+  r.n_tokens = n;
+  const std::vector<int32_t> tokens = bench_prompt(n, m.config.vocab_size);
+  PrefillOptions o;
+  o.tile_tokens = tile_tokens;
+  StageTimes::global().reset();
+  const auto t0 = Clock::now();
+  const PrefillResult res = prefill(m, tokens, o);
+  r.seconds = since(t0);
+  r.stages = StageTimes::global().seconds;
+  r.flops = prefill_flops(m.config, n);
+  r.checksum = fnv1a64(res.logits.data(), res.logits.size());
+  r.next_token = res.next_token;
+  return r;
+}
+
+}  // namespace
+
+std::vector<GemmShape> BenchOptions::default_gemm_shapes() {
+  // Prefill shapes (one 512-row chunk): Flash's hidden 4096 and low-rank 1024
+  // inputs, from a narrow output up to the 32768-wide wq_b.
+  return {{512, 4096, 512}, {512, 4096, 4096}, {512, 1024, 4096}, {512, 4096, 32768}};
+}
+
+uint64_t fnv1a64(const float* v, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v);
+  for (size_t i = 0; i < n * sizeof(float); ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+namespace {
+int64_t parse_positive(const std::string& s, const std::string& what) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end || v < 1 || v > (int64_t(1) << 31))
+    throw Error(what + ": expected a positive integer, got '" + s + "'");
+  return v;
+}
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (;;) {
+    const size_t e = s.find(sep, b);
+    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) return out;
+    b = e + 1;
+  }
+}
+}  // namespace
+
+std::vector<int64_t> parse_token_counts(const std::string& s) {
+  std::vector<int64_t> r;
+  for (const std::string& p : split(s, ',')) r.push_back(parse_positive(p, "--tokens"));
+  return r;
+}
+
+std::vector<GemmShape> parse_gemm_shapes(const std::string& s) {
+  if (s == "default") return BenchOptions::default_gemm_shapes();
+  if (s == "none") return {};
+  std::vector<GemmShape> r;
+  for (const std::string& p : split(s, ',')) {
+    const auto d = split(p, 'x');
+    if (d.size() != 3) throw Error("--gemm-shapes: expected default, none or MxKxN,..., got '" + p + "'");
+    r.push_back({parse_positive(d[0], "--gemm-shapes M"), parse_positive(d[1], "--gemm-shapes K"),
+                 parse_positive(d[2], "--gemm-shapes N")});
+  }
+  return r;
+}
+
+int run_bench(const BenchOptions& o) {
+  if (o.tokens.empty()) throw Error("bench needs at least one prompt length (--tokens)");
+  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  if (o.gemm_reps < 1) throw Error("--gemm-reps must be >= 1");
+  if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024]");
+  if (o.threads > 0) ThreadPool::set_threads(o.threads);
+  ThreadPool& pool = ThreadPool::global();
+  const int threads = pool.size();
+#ifdef DSV4_HAVE_OPENBLAS
+  openblas_set_num_threads(threads);
+#endif
+
+  // The model first: a bad --model or preset fails before any timing.
+  std::unique_ptr<TempModelDir> tmp;
+  std::string dir = o.model_dir, source = o.model_dir;
+  SyntheticOptions so;
+  if (dir.empty()) {
+    so.preset = o.preset;
+    so.seed = o.seed;
+    so.layers = o.layers;
+    so.experts = o.experts;
+    so.vocab = o.vocab;
+    so.shards = 1;
+    const ModelConfig c = synthetic_config(so);  // validates the preset and overrides
+    size_t bytes = 0;
+    for (const TensorSpec& s : checkpoint_tensor_specs(c)) bytes += s.nbytes();
+    tmp = std::make_unique<TempModelDir>();
+    const auto space = std::filesystem::space(tmp->path);
+    if (bytes + (size_t(1) << 30) > space.available)
+      throw Error("preset '" + o.preset + "' needs " + std::to_string(bytes >> 20) + " MiB for its checkpoint, " +
+                  std::to_string(space.available >> 20) + " MiB are free under " +
+                  std::filesystem::temp_directory_path().string() + " (use --layers/--experts, or --model DIR)");
+    dir = tmp->path;
+    source = "preset " + o.preset + " (seed " + std::to_string(o.seed) + ", generated)";
+  }
+
+  // Steps: [generate], load, peak, each gemm shape, each prompt length, peak
+  // again. The model comes first: a bad checkpoint or length fails before
+  // any timing.
+  Progress progress(3 + (tmp ? 1 : 0) + int(o.gemm_shapes.size()) + int(o.tokens.size()));
+  const auto t_all = Clock::now();
+
+  double gen_s = 0;
+  if (tmp) {
+    progress.begin("generating the model");
+    const auto t0 = Clock::now();
+    write_synthetic_model(dir, so);
+    gen_s = since(t0);
+    progress.end();
+  }
+  progress.begin("loading the model");
+  auto t0 = Clock::now();
+  std::unique_ptr<Model> model = Model::load(dir);
+  const double load_s = since(t0);
+  progress.end();
+  const ModelConfig& cfg = model->config;
+  const int64_t limit = prompt_limit(cfg, 0);
+  for (int64_t n : o.tokens)
+    if (n > limit)
+      throw Error("--tokens " + std::to_string(n) + " is over the model's limit of " + std::to_string(limit) +
+                  " positions (max_position_embeddings)");
+
+  progress.begin("peak microbenchmark", 6 * o.peak_seconds);
+  PeakResult peak = measure_peak(pool, o.peak_seconds);
+  progress.end();
+  const double peak_start = peak.fma_gflops;
+
+  std::vector<GemmResult> gemms;
+  std::vector<std::string> warnings;  // printed after the progress bar
+#ifdef DSV4_HAVE_OPENBLAS
+  if (!o.gemm_shapes.empty()) {  // OpenBLAS starts its threads on the first call: not part of any timing
+    std::vector<float> a(64 * 64, 1.f), c(64 * 64);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 64, 64, 64, 1.f, a.data(), 64, a.data(), 64, 0.f, c.data(), 64);
+  }
+#endif
+  for (const GemmShape& g : o.gemm_shapes) {
+    const double flops = 2.0 * double(g.m) * double(g.k) * double(g.n);
+    progress.begin("gemm " + std::to_string(g.m) + "x" + std::to_string(g.k) + "x" + std::to_string(g.n),
+                   2 * o.gemm_reps * flops / (0.5 * peak_start * 1e9));
+    gemms.push_back(bench_gemm(g, o.gemm_reps));
+    progress.end();
+    const GemmResult& r = gemms.back();
+    if (r.max_rel_diff > 1e-3) {
+      char msg[200];
+      std::snprintf(msg, sizeof msg, "gemm %lldx%lldx%lld: engine and OpenBLAS results differ by %.3g (relative)",
+                    (long long)g.m, (long long)g.k, (long long)g.n, r.max_rel_diff);
+      warnings.push_back(msg);
+    }
+  }
+
+  // A short warm-up prefill first (page-in of the mapped weights, first-use
+  // allocations); it is not reported.
+  {
+    PrefillOptions w;
+    w.tile_tokens = o.tile_tokens;
+    prefill(*model, bench_prompt(std::min<int64_t>(16, o.tokens.front()), cfg.vocab_size), w);
+  }
+  std::vector<PrefillRun> runs;
+  double rate = 0;  // model flops per second of the last run, for the progress estimate
+  for (size_t i = 0; i < o.tokens.size(); ++i) {
+    const int64_t n = o.tokens[i];
+    progress.begin("prefill N=" + std::to_string(n), rate > 0 ? prefill_flops(cfg, n).total() / rate : 0);
+    runs.push_back(bench_prefill(*model, n, o.tile_tokens));
+    rate = runs.back().flops.total() / runs.back().seconds;
+    progress.end();
+  }
+  // The peak once more: other processes may have held a core at the start.
+  progress.begin("peak microbenchmark", 3 * o.peak_seconds);
+  const double peak_end = measure_fma_gflops(pool, o.peak_seconds);
+  progress.end();
+  peak.fma_gflops = std::max(peak_start, peak_end);
+  const double peak_gflops = peak.fma_gflops;
+  const double total_s = since(t_all);
+  progress.finish();
+  for (const std::string& w : warnings) std::fprintf(stderr, "dsv4 bench: warning: %s\n", w.c_str());
+
+  auto fraction = [&](double flops, double secs) { return peak_gflops > 0 ? flops / (peak_gflops * 1e9) / secs : 0.0; };
+
+  if (o.json) {
+    json j;
+    j["model"] = {{"source", source},
+                  {"layers", cfg.num_hidden_layers},
+                  {"hidden_size", cfg.hidden_size},
+                  {"n_routed_experts", cfg.n_routed_experts},
+                  {"vocab_size", cfg.vocab_size},
+                  {"checkpoint_bytes", model->checkpoint.total_bytes()},
+                  {"load_seconds", load_s}};
+    if (tmp) j["model"]["generate_seconds"] = gen_s;
+    j["threads"] = threads;
+    j["tile_tokens"] = o.tile_tokens;
+    j["peak_gflops"] = peak_gflops;
+    j["peak"] = {{"method", peak.method},
+                 {"fma_gflops", peak.fma_gflops},
+                 {"fma_gflops_start", peak_start},
+                 {"fma_gflops_end", peak_end},
+                 {"fma_gflops_1thread", peak.fma_gflops_1thread},
+                 {"bf16_dot_gflops", peak.bf16_dot_gflops},
+                 {"threads", peak.threads}};
+    j["openblas"] = openblas_routine();
+    json ga = json::array();
+    for (const GemmResult& r : gemms) {
+      json e = {{"m", r.shape.m}, {"k", r.shape.k}, {"n", r.shape.n}, {"seconds", r.seconds}, {"gflops", r.gflops},
+                {"fraction_of_peak", peak_gflops > 0 ? r.gflops / peak_gflops : 0.0}};
+#ifdef DSV4_HAVE_OPENBLAS
+      e["openblas_seconds"] = r.openblas_seconds;
+      e["openblas_gflops"] = r.openblas_gflops;
+      e["vs_openblas"] = r.gflops / r.openblas_gflops;
+      e["max_rel_diff"] = r.max_rel_diff;
+#else
+      e["openblas_gflops"] = nullptr;
+#endif
+      ga.push_back(e);
+    }
+    j["gemm"] = ga;
+    json pa = json::array();
+    for (const PrefillRun& r : runs) {
+      json stages = json::object(), stage_gflop = json::object();
+      for (int s = 0; s < int(Stage::kCount); ++s) {
+        stages[stage_name(Stage(s))] = r.stages[size_t(s)];
+        stage_gflop[stage_name(Stage(s))] = r.flops.stage(Stage(s)) / 1e9;
+      }
+      pa.push_back({{"n_tokens", r.n_tokens},
+                    {"seconds", r.seconds},
+                    {"tokens_per_second", double(r.n_tokens) / r.seconds},
+                    {"model_gflop", r.flops.total() / 1e9},
+                    {"gflops", r.flops.total() / r.seconds / 1e9},
+                    {"flop_limited_fraction", fraction(r.flops.total(), r.seconds)},
+                    {"logits_checksum", hex16(r.checksum)},
+                    {"next_token", r.next_token},
+                    {"stage_seconds", stages},
+                    {"stage_gflop", stage_gflop}});
+    }
+    j["prefill"] = pa;
+    j["total_seconds"] = total_s;
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+
+  std::printf("model: %s\n  %d layers, hidden %d, %d routed experts, vocab %d; %.2f GB; loaded in %.2f s\n",
+              source.c_str(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, cfg.vocab_size,
+              double(model->checkpoint.total_bytes()) / 1e9, load_s);
+  std::printf("threads: %d, tile_tokens: %lld\n\n", threads, (long long)o.tile_tokens);
+  std::printf("peak: %.1f GFLOP/s on %d threads (start %.1f, end %.1f; %.1f on one thread)\n  %s\n",
+              peak.fma_gflops, peak.threads, peak_start, peak_end, peak.fma_gflops_1thread, peak.method.c_str());
+  std::printf("  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n\n", peak.bf16_dot_gflops);
+  if (!gemms.empty()) {
+    std::printf("GEMM, BF16 weight and activations, fp32 out: engine linear() vs OpenBLAS\n  OpenBLAS: %s\n",
+                openblas_routine().c_str());
+    std::printf("  %6s %6s %6s  %10s %7s  %10s %8s  %9s\n", "M", "K", "N", "GFLOP/s", "%peak", "OpenBLAS", "ratio",
+                "max rel");
+    for (const GemmResult& r : gemms)
+      std::printf("  %6lld %6lld %6lld  %10.1f %6.1f%%  %10.1f %7.2fx  %9.2g\n", (long long)r.shape.m,
+                  (long long)r.shape.k, (long long)r.shape.n, r.gflops, 100 * r.gflops / peak_gflops,
+                  r.openblas_gflops, r.openblas_gflops > 0 ? r.gflops / r.openblas_gflops : 0.0, r.max_rel_diff);
+    std::printf("\n");
+  }
+  std::printf("prefill\n  %6s %9s %9s %10s %9s %8s  %-16s %6s\n", "N", "seconds", "tokens/s", "model GF", "GFLOP/s",
+              "%peak", "logits checksum", "next");
+  for (const PrefillRun& r : runs)
+    std::printf("  %6lld %9.3f %9.1f %10.1f %9.2f %7.2f%%  %-16s %6d\n", (long long)r.n_tokens, r.seconds,
+                double(r.n_tokens) / r.seconds, r.flops.total() / 1e9, r.flops.total() / r.seconds / 1e9,
+                100 * fraction(r.flops.total(), r.seconds), hex16(r.checksum).c_str(), r.next_token);
+  std::printf("\nseconds per stage (model GFLOP in brackets)\n  %6s", "N");
+  for (int s = 0; s < int(Stage::kCount); ++s) std::printf(" %17s", stage_name(Stage(s)));
+  std::printf(" %8s\n", "other");
+  for (const PrefillRun& r : runs) {
+    std::printf("  %6lld", (long long)r.n_tokens);
+    double sum = 0;
+    for (int s = 0; s < int(Stage::kCount); ++s) {
+      char cell[64];
+      std::snprintf(cell, sizeof cell, "%.3f [%.1f]", r.stages[size_t(s)], r.flops.stage(Stage(s)) / 1e9);
+      std::printf(" %17s", cell);
+      sum += r.stages[size_t(s)];
+    }
+    std::printf(" %8.3f\n", r.seconds - sum);
+  }
+  std::printf("\ntotal %.1f s\n", total_s);
+  return 0;
+}
+
+}  // namespace dsv4

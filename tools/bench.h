@@ -1,0 +1,44 @@
+// `dsv4 bench` (PREFILL.md §5, docs/PERFORMANCE.md "How to benchmark"):
+// prefill tokens/s and seconds per stage for a list of prompt lengths, model
+// FLOPs and the fraction of the measured machine peak they reach, and the
+// engine's BF16 GEMM against OpenBLAS's cblas_sbgemm on prefill shapes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+struct GemmShape {
+  int64_t m = 0, k = 0, n = 0;  // C[m][n] = A[m][k] · B[n][k]ᵀ
+};
+
+struct BenchOptions {
+  std::string model_dir;        // load this checkpoint; empty: generate `preset`
+  std::string preset = "tiny";  // synthetic model, written to a temporary directory
+  int layers = -1, experts = -1, vocab = -1;  // preset overrides (-1: the preset's)
+  uint64_t seed = 0;
+  std::vector<int64_t> tokens = {512, 1024, 2048, 4096, 8192};
+  int threads = 0;              // 0: the process-wide pool as it is
+  int64_t tile_tokens = 128;
+  std::vector<GemmShape> gemm_shapes = default_gemm_shapes();
+  int gemm_reps = 3;            // best of at most this many timed runs per shape and library
+  double peak_seconds = 0.25;   // per peak measurement (each is taken three times)
+  bool json = false;
+
+  static std::vector<GemmShape> default_gemm_shapes();
+};
+
+// "512,1024" -> {512, 1024}; throws dsv4::Error on anything else.
+std::vector<int64_t> parse_token_counts(const std::string& s);
+// "default", "none" or "MxKxN,MxKxN,..."; throws dsv4::Error on anything else.
+std::vector<GemmShape> parse_gemm_shapes(const std::string& s);
+
+// Runs the benchmark, prints text or one JSON object on stdout (progress on
+// stderr when it is a terminal); returns the exit code.
+int run_bench(const BenchOptions& o);
+
+// FNV-1a 64 over the bytes of n floats.
+uint64_t fnv1a64(const float* v, size_t n);
+
+}  // namespace dsv4
