@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/linear.h"
 
 namespace dsv4 {
 namespace {
@@ -50,6 +51,69 @@ TEST(Gemm, ResultOfARowDoesNotDependOnM) {
   for (int64_t m : {0, 3, 191, 192, 499}) {
     gemm(A.data() + m * K, K, 1, K, N, load, GemmOut{one.data(), N, false});
     EXPECT_EQ(std::memcmp(one.data(), all.data() + m * N, size_t(N) * 4), 0) << m;
+  }
+}
+
+// The vectorised panel loader against dequant_row, value by value, for every
+// weight format, shapes with a partial last panel, all byte values.
+TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
+  std::mt19937 rng(11);
+  for (Weight::Kind kind : {Weight::Kind::kF32, Weight::Kind::kBF16, Weight::Kind::kFP8, Weight::Kind::kFP4}) {
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}}) {
+      const int block = 128;
+      std::vector<uint8_t> data, scale;
+      switch (kind) {
+        case Weight::Kind::kF32: data.resize(size_t(out * in * 4)); break;
+        case Weight::Kind::kBF16: data.resize(size_t(out * in * 2)); break;
+        case Weight::Kind::kFP8:
+          data.resize(size_t(out * in));
+          scale.resize(size_t(((out + block - 1) / block) * ((in + block - 1) / block)));
+          break;
+        case Weight::Kind::kFP4:
+          data.resize(size_t(out * in / 2));
+          scale.resize(size_t(out * in / 32));
+          break;
+      }
+      for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(rng());
+      if (kind == Weight::Kind::kF32 || kind == Weight::Kind::kBF16) {
+        // Keep finite values: random float bit patterns would make NaNs.
+        std::normal_distribution<float> nd;
+        for (int64_t i = 0; i < out * in; ++i) {
+          const float v = nd(rng);
+          if (kind == Weight::Kind::kF32) {
+            std::memcpy(data.data() + 4 * i, &v, 4);
+          } else {
+            uint32_t b;
+            std::memcpy(&b, &v, 4);
+            const uint16_t h = uint16_t(b >> 16);
+            std::memcpy(data.data() + 2 * i, &h, 2);
+          }
+        }
+      } else if (kind == Weight::Kind::kFP8) {
+        for (size_t i = 0; i < data.size(); ++i)
+          if ((data[i] & 0x7f) == 0x7f) data[i] = uint8_t(i);  // e4m3 has NaN codes only there
+        for (size_t i = 0; i < data.size() && i < 256; ++i) data[i] = (i & 0x7f) == 0x7f ? 0 : uint8_t(i);
+      }
+      for (size_t i = 0; i < scale.size(); ++i) scale[i] = uint8_t(120 + rng() % 16);
+      Weight w;
+      w.kind = kind;
+      w.out = out;
+      w.in = in;
+      w.block = block;
+      w.data = data.data();
+      w.scale = scale.empty() ? nullptr : scale.data();
+      std::vector<float> fast(size_t(in * kGemmNR)), ref(size_t(in * kGemmNR));
+      for (int64_t o0 = 0; o0 < out; o0 += kGemmNR) {
+        const int64_t o_end = std::min<int64_t>(out, o0 + 13);  // also a cut inside a panel
+        for (int64_t end : {out, o_end}) {
+          std::fill(fast.begin(), fast.end(), -7.f);
+          w.dequant_panel(o0, end, fast.data());
+          w.dequant_panel_reference(o0, end, ref.data());
+          EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
+              << "kind " << int(kind) << " " << out << "x" << in << " o0 " << o0 << " end " << end;
+        }
+      }
+    }
   }
 }
 

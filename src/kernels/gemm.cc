@@ -19,7 +19,7 @@ namespace {
 
 constexpr int NR = kGemmNR;
 constexpr int MR = 6;        // A rows per micro-tile: 12 accumulators + 2 B + 1 A of 16 ymm registers
-constexpr int64_t KC = 256;  // k per block: a B sub-panel (16 KiB) stays in L1
+constexpr int64_t KC = 1024; // k per block (measured: 256 → 1024 gave +3%; the sub-panels stream from L2)
 constexpr int64_t GP = 4;    // panels per task: an A micro-panel is reused GP times from L1
 
 // A packed by micro-tiles: Ap[t][k][MR] holds A[t·MR + r][k] (zeros past M),

@@ -10,6 +10,10 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace dsv4 {
 
 void Weight::dequant_row(int64_t o, float* dst) const {
@@ -60,6 +64,97 @@ void Weight::dequant_row(int64_t o, float* dst) const {
     }
   }
 }
+
+void Weight::dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) const {
+  thread_local std::vector<float> row;
+  row.resize(size_t(in));
+  for (int j = 0; j < kGemmNR; ++j) {
+    const int64_t o = o0 + j;
+    if (o < o_end) {
+      dequant_row(o, row.data());
+      for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = row[size_t(k)];
+    } else {
+      for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = 0.f;
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+namespace {
+
+// r[i] holds row i, k0..k0+7; afterwards r[i] holds k0 + i, rows 0..7.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int b = 4 * h;
+    u[b + 0] = _mm256_shuffle_ps(t[b + 0], t[b + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[b + 1] = _mm256_shuffle_ps(t[b + 0], t[b + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[b + 2] = _mm256_shuffle_ps(t[b + 1], t[b + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Values k..k+7 of row o, dequantised exactly as dequant_row does.
+inline __m256 load8(const Weight& w, int64_t o, int64_t k) {
+  switch (w.kind) {
+    case Weight::Kind::kF32:
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(w.data + 4 * (o * w.in + k)));
+    case Weight::Kind::kBF16: {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.data + 2 * (o * w.in + k)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    case Weight::Kind::kFP8: {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.data + o * w.in + k));
+      const __m256 v = _mm256_i32gather_ps(e4m3_table(), _mm256_cvtepu8_epi32(b), 4);
+      const int64_t scols = (w.in + w.block - 1) / w.block;
+      return _mm256_mul_ps(v, _mm256_set1_ps(e8m0_to_f32(w.scale[(o / w.block) * scols + k / w.block])));
+    }
+    case Weight::Kind::kFP4: {
+      // Lane i takes nibble i of the 4 bytes: low nibble first, the order
+      // of the values. Magnitude from the 8 positive codes, sign from bit 3.
+      int32_t u;
+      std::memcpy(&u, w.data + o * (w.in / 2) + k / 2, 4);
+      const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(u), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                             _mm256_set1_epi32(15));
+      const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f), codes);
+      const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(8)), 28));
+      const __m256 v = _mm256_or_ps(mag, sign);
+      return _mm256_mul_ps(v, _mm256_set1_ps(e8m0_to_f32(w.scale[o * (w.in / 32) + k / 32])));
+    }
+  }
+  return _mm256_setzero_ps();
+}
+
+}  // namespace
+
+void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
+  // The 8-wide path needs whole groups of 8 inside one scale block.
+  if (in % 8 != 0 || (kind == Kind::kFP8 && block % 8 != 0)) return dequant_panel_reference(o0, o_end, panel);
+  for (int64_t k = 0; k < in; k += 8) {
+    for (int h = 0; h < 2; ++h) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t o = o0 + 8 * h + i;
+        r[i] = o < o_end ? load8(*this, o, k) : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kGemmNR + 8 * h, r[i]);
+    }
+  }
+}
+#else
+void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
+  dequant_panel_reference(o0, o_end, panel);
+}
+#endif
 
 Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind kind, int64_t out, int64_t in,
                    int block) {
@@ -122,19 +217,7 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   // Panels of 16 weight rows are dequantised on the fly; gemm fixes the
   // reduction order (one FMA chain per output, ascending k).
   const int64_t rows = row_end - row_begin;
-  auto load = [&](int64_t n0, float* panel) {
-    thread_local std::vector<float> row;
-    row.resize(size_t(K));
-    for (int j = 0; j < kGemmNR; ++j) {
-      const int64_t o = row_begin + n0 + j;
-      if (o < row_end) {
-        w.dequant_row(o, row.data());
-        for (int64_t k = 0; k < K; ++k) panel[k * kGemmNR + j] = row[size_t(k)];
-      } else {
-        for (int64_t k = 0; k < K; ++k) panel[k * kGemmNR + j] = 0.f;
-      }
-    }
-  };
+  auto load = [&](int64_t n0, float* panel) { w.dequant_panel(row_begin + n0, row_end, panel); };
   gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16});
 }
 

@@ -19,6 +19,12 @@ struct Weight {
 
   // Writes row o of the dequantised weight (in values) to dst.
   void dequant_row(int64_t o, float* dst) const;
+  // Writes rows [o0, o0 + 16) as a gemm panel, panel[k·16 + j] = W[o0 + j][k],
+  // zeros for rows at or past o_end. The AVX2 path converts 8 values of a
+  // row at once and transposes in registers; it equals dequant_row exactly.
+  void dequant_panel(int64_t o0, int64_t o_end, float* panel) const;
+  // The same through dequant_row, value by value: what the test compares to.
+  void dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) const;
 };
 
 // Loads `prefix`.weight (and `prefix`.scale / .weight_scale_inv for FP8/FP4)
