@@ -1480,6 +1480,26 @@ std::vector<float> attend(const std::vector<float>& q, const std::vector<std::ve
   return out;
 }
 
+// The all-heads gemm path against the per-head reference: the outputs are
+// bf16 after fp32 sums in different orders, so most are bitwise equal and
+// the rest one bf16 step apart.
+TEST(StageAttention, AllHeadsGemmMatchesPerHeadReference) {
+  Rng rng(251);
+  const int64_t H = 8, d = 64;
+  for (int64_t nkeys : {1, 5, 17, 200}) {
+    std::vector<float> q = rng.bf16_vec(size_t(H * d), -1, 1), k = rng.bf16_vec(size_t(nkeys * d), -1, 1);
+    std::vector<float> sinks = rng.bf16_vec(size_t(H), -2, 2);
+    std::vector<const float*> kp;
+    for (int64_t j = nkeys - 1; j >= 0; --j) kp.push_back(k.data() + j * d);  // any order of rows
+    std::vector<float> fast(size_t(H * d)), ref(size_t(H * d));
+    dsv4::attend_query(q.data(), H, kp.data(), nkeys, d, sinks.data(), fast.data());
+    for (int64_t h = 0; h < H; ++h)
+      dsv4::attend_head(q.data() + h * d, kp.data(), nkeys, d, sinks[size_t(h)], ref.data() + h * d);
+    ExpectMostlyExact(fast, ref, 0.8, [&](size_t i) { return bf16_step(ref[i]) * 1.01; },
+                      "nkeys " + std::to_string(nkeys));
+  }
+}
+
 TEST(StageAttention, SingleKeyHandChecked) {
   // s = (q·k)/√d. d = 4, q = 1: s = (2 − 4 + 0.5)/2 = −0.75.
   const std::vector<float> q = {1, 1, 1, 1};

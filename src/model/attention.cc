@@ -7,6 +7,7 @@
 #include "core/formats.h"
 #include "core/thread_pool.h"
 #include "kernels/dot.h"
+#include "kernels/gemm.h"
 #include "kernels/hadamard.h"
 #include "kernels/norm.h"
 #include "kernels/topk.h"
@@ -61,18 +62,53 @@ void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_
 
 void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
                     int topk, std::vector<int32_t>* chosen) {
-  std::vector<float> score(static_cast<size_t>(n_visible));
+  // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
+  // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
+  std::vector<float> dots(size_t(int64_t(Hi) * n_visible)), score(static_cast<size_t>(n_visible));
+  if (n_visible > 0)
+    gemm(qi, di, Hi, di, n_visible, dense_rows_loader(idx_rows, di, n_visible, di),
+         GemmOut{dots.data(), n_visible, true}, /*parallel=*/false);
   for (int64_t r = 0; r < n_visible; ++r) {
-    const float* k = idx_rows + r * di;
     float sum = 0.f;
-    for (int h = 0; h < Hi; ++h) {
-      float dh = bf16r(dot_f32(qi + int64_t(h) * di, k, di));
-      sum += bf16r(std::max(dh, 0.f) * wts[h]);
-    }
+    for (int h = 0; h < Hi; ++h) sum += bf16r(std::max(dots[size_t(h * n_visible + r)], 0.f) * wts[h]);
     score[size_t(r)] = bf16r(sum);
   }
   topk_indices(score.data(), n_visible, topk, chosen);
   std::sort(chosen->begin(), chosen->end());
+}
+
+void attend_query(const float* q, int64_t H, const float* const* keys, int64_t nkeys, int64_t d, const float* sinks,
+                  float* out) {
+  // Scores of all heads against the shared keys, then the softmax with the
+  // sink per head, then the weighted key sum: two gemms (keys are K = V).
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<float> s(size_t(H * nkeys)), o(size_t(H * d));
+  auto gather_keys = [&](int64_t n0, float* panel) {
+    for (int j = 0; j < kGemmNR; ++j) {
+      const float* k = n0 + j < nkeys ? keys[n0 + j] : nullptr;
+      for (int64_t i = 0; i < d; ++i) panel[i * kGemmNR + j] = k ? k[i] : 0.f;
+    }
+  };
+  gemm(q, d, H, d, nkeys, gather_keys, GemmOut{s.data(), nkeys, false}, /*parallel=*/false);
+  for (int64_t h = 0; h < H; ++h) {
+    float* sh = s.data() + h * nkeys;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < nkeys; ++j) mx = std::max(mx, sh[j] *= scale);
+    float denom = 0.f;
+    for (int64_t j = 0; j < nkeys; ++j) denom += (sh[j] = std::exp(sh[j] - mx));
+    denom += std::exp(sinks[h] - mx);
+    for (int64_t j = 0; j < nkeys; ++j) sh[j] /= denom;
+  }
+  // o[h][c] = Σ_j p[h][j] · key_j[c]: B rows are key columns.
+  auto key_columns = [&](int64_t c0, float* panel) {
+    const int64_t nc = std::min<int64_t>(kGemmNR, d - c0);
+    for (int64_t j = 0; j < nkeys; ++j) {
+      float* dst = panel + j * kGemmNR;
+      std::copy(keys[j] + c0, keys[j] + c0 + nc, dst);
+      std::fill(dst + nc, dst + kGemmNR, 0.f);
+    }
+  };
+  gemm(s.data(), nkeys, H, nkeys, d, key_columns, GemmOut{out, d, true}, /*parallel=*/false);
 }
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
@@ -173,11 +209,9 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
         for (int64_t r = 0; r < visible; ++r) keys.push_back(comp_rows.data() + r * d);
       }
     }
-    for (int64_t h = 0; h < H; ++h) {
-      float* oh = o.data() + (i * H + h) * d;
-      attend_head(q.data() + (i * H + h) * d, keys.data(), int64_t(keys.size()), d, w.attn_sink[size_t(h)], oh);
-      rope.rotate(oh + nd, cs.data() + i * rd, /*inverse=*/true);
-    }
+    attend_query(q.data() + i * H * d, H, keys.data(), int64_t(keys.size()), d, w.attn_sink.data(),
+                 o.data() + i * H * d);
+    for (int64_t h = 0; h < H; ++h) rope.rotate(o.data() + (i * H + h) * d + nd, cs.data() + i * rd, /*inverse=*/true);
   });
 
   stage.emplace(Stage::kProjections);
