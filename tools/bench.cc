@@ -265,12 +265,13 @@ struct PrefillRun {
   int32_t next_token = -1;
 };
 
-PrefillRun bench_prefill(const Model& m, int64_t n, int64_t tile_tokens) {
+PrefillRun bench_prefill(const Model& m, int64_t n, int64_t tile_tokens, int64_t chunk_tokens) {
   PrefillRun r;
   r.n_tokens = n;
   const std::vector<int32_t> tokens = bench_prompt(n, m.config.vocab_size);
   PrefillOptions o;
   o.tile_tokens = tile_tokens;
+  o.chunk_tokens = chunk_tokens;
   StageTimes::global().reset();
   const auto t0 = Clock::now();
   const PrefillResult res = prefill(m, tokens, o);
@@ -342,6 +343,7 @@ std::vector<GemmShape> parse_gemm_shapes(const std::string& s) {
 int run_bench(const BenchOptions& o) {
   if (o.tokens.empty()) throw Error("bench needs at least one prompt length (--tokens)");
   if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  if (o.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
   if (o.gemm_reps < 1) throw Error("--gemm-reps must be >= 1");
   if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024]");
   if (o.threads > 0) ThreadPool::set_threads(o.threads);
@@ -434,6 +436,7 @@ int run_bench(const BenchOptions& o) {
   {
     PrefillOptions w;
     w.tile_tokens = o.tile_tokens;
+    w.chunk_tokens = o.chunk_tokens;
     prefill(*model, bench_prompt(std::min<int64_t>(16, o.tokens.front()), cfg.vocab_size), w);
   }
   std::vector<PrefillRun> runs;
@@ -441,7 +444,7 @@ int run_bench(const BenchOptions& o) {
   for (size_t i = 0; i < o.tokens.size(); ++i) {
     const int64_t n = o.tokens[i];
     progress.begin("prefill N=" + std::to_string(n), rate > 0 ? prefill_flops(cfg, n).total() / rate : 0);
-    runs.push_back(bench_prefill(*model, n, o.tile_tokens));
+    runs.push_back(bench_prefill(*model, n, o.tile_tokens, o.chunk_tokens));
     rate = runs.back().flops.total() / runs.back().seconds;
     progress.end();
   }
@@ -469,6 +472,7 @@ int run_bench(const BenchOptions& o) {
     if (tmp) j["model"]["generate_seconds"] = gen_s;
     j["threads"] = threads;
     j["tile_tokens"] = o.tile_tokens;
+    j["chunk_tokens"] = o.chunk_tokens;
     j["peak_gflops"] = peak_gflops;
     j["peak"] = {{"method", peak.method},
                  {"fma_gflops", peak.fma_gflops},
@@ -520,7 +524,8 @@ int run_bench(const BenchOptions& o) {
   std::printf("model: %s\n  %d layers, hidden %d, %d routed experts, vocab %d; %.2f GB; loaded in %.2f s\n",
               source.c_str(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, cfg.vocab_size,
               double(model->checkpoint.total_bytes()) / 1e9, load_s);
-  std::printf("threads: %d, tile_tokens: %lld\n\n", threads, (long long)o.tile_tokens);
+  std::printf("threads: %d, tile_tokens: %lld, chunk_tokens: %lld\n\n", threads, (long long)o.tile_tokens,
+              (long long)o.chunk_tokens);
   std::printf("peak: %.1f GFLOP/s on %d threads (start %.1f, end %.1f; %.1f on one thread)\n  %s\n",
               peak.fma_gflops, peak.threads, peak_start, peak_end, peak.fma_gflops_1thread, peak.method.c_str());
   std::printf("  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n\n", peak.bf16_dot_gflops);

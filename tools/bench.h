@@ -3,6 +3,7 @@
 // FLOPs and the fraction of the measured machine peak they reach, and the
 // engine's BF16 GEMM against OpenBLAS's cblas_sbgemm on prefill shapes.
 #pragma once
+#include "engine/prefill.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@ struct BenchOptions {
   std::vector<int64_t> tokens = {512, 1024, 2048, 4096, 8192};
   int threads = 0;              // 0: the process-wide pool as it is
   int64_t tile_tokens = 128;
+  int64_t chunk_tokens = PrefillOptions{}.chunk_tokens;
   std::vector<GemmShape> gemm_shapes = default_gemm_shapes();
   int gemm_reps = 3;            // best of at most this many timed runs per shape and library
   double peak_seconds = 0.25;   // per peak measurement (each is taken three times)

@@ -135,7 +135,7 @@ commands:
                               --seed S as for gen-model (default: --preset tiny)
       --tokens N1,N2,...      prompt lengths (default 512,1024,2048,4096,8192)
       --threads N             worker threads (default: all cores)
-      --tile-tokens T         positions per tile (default 128)
+      --tile-tokens T --chunk-tokens C   as for prefill (defaults 128, 2048)
       --gemm-shapes S         default | none | MxKxN,MxKxN,... (default:
                               512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768)
       --gemm-reps R           best of at most R runs per GEMM (default 3)
@@ -922,7 +922,7 @@ std::string mixed_text(size_t n) {
 }
 
 int cmd_bench(const Args& a) {
-  check_allowed(a, {"model", "preset", "layers", "experts", "vocab", "seed", "tokens", "threads", "tile-tokens",
+  check_allowed(a, {"model", "preset", "layers", "experts", "vocab", "seed", "tokens", "threads", "tile-tokens", "chunk-tokens",
                     "gemm-shapes", "gemm-reps", "peak-seconds", "json"});
   BenchOptions o;
   if (a.has("model") && (a.has("preset") || a.has("layers") || a.has("experts") || a.has("vocab") || a.has("seed")))
@@ -947,7 +947,7 @@ int cmd_bench(const Args& a) {
     o.threads = int(t);
   }
   o.tile_tokens = a.get_int("tile-tokens", 128);
-  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  o.chunk_tokens = a.get_int("chunk-tokens", o.chunk_tokens);
   if (a.has("gemm-shapes")) o.gemm_shapes = parse_gemm_shapes(a.get("gemm-shapes"));
   o.gemm_reps = int(a.get_int("gemm-reps", 3));
   if (o.gemm_reps < 1 || o.gemm_reps > 1000) throw Error("--gemm-reps must be in [1, 1000]");

@@ -103,51 +103,133 @@ inline void transpose8(__m256 r[8]) {
 }
 
 // Values k..k+7 of row o, dequantised exactly as dequant_row does.
+template <Weight::Kind kKind>
 inline __m256 load8(const Weight& w, int64_t o, int64_t k) {
-  switch (w.kind) {
-    case Weight::Kind::kF32:
-      return _mm256_loadu_ps(reinterpret_cast<const float*>(w.data + 4 * (o * w.in + k)));
-    case Weight::Kind::kBF16: {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.data + 2 * (o * w.in + k)));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  if constexpr (kKind == Weight::Kind::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(w.data + 4 * (o * w.in + k)));
+  } else if constexpr (kKind == Weight::Kind::kBF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.data + 2 * (o * w.in + k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    static_assert(kKind == Weight::Kind::kBF16, "row-wise formats: F32, BF16");
+  }
+}
+
+// Row-wise formats: 8 values of each of 8 rows, transposed in registers.
+template <Weight::Kind kKind>
+void panel_rows8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  for (int h = 0; h < 2; ++h)
+    for (int64_t k = 0; k < w.in; k += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t o = o0 + 8 * h + i;
+        r[i] = o < o_end ? load8<kKind>(w, o, k) : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kGemmNR + 8 * h, r[i]);
     }
-    case Weight::Kind::kFP8: {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.data + o * w.in + k));
-      const __m256 v = _mm256_i32gather_ps(e4m3_table(), _mm256_cvtepu8_epi32(b), 4);
-      const int64_t scols = (w.in + w.block - 1) / w.block;
-      return _mm256_mul_ps(v, _mm256_set1_ps(e8m0_to_f32(w.scale[(o / w.block) * scols + k / w.block])));
+}
+
+// FP4 needs no transpose: one gather takes 4 bytes (8 values) of each of 8
+// rows, and nibble i of every lane is panel row k + i. Magnitude from the 8
+// positive codes, sign from bit 3, times the row's power-of-two scale.
+void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  const int64_t rb = w.in / 2, sb = w.in / 32;
+  const __m256 mags = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  const __m256i nib = _mm256_set1_epi32(15), signbit = _mm256_set1_epi32(8);
+  for (int h = 0; h < 2; ++h) {
+    alignas(32) int32_t off[8], keep[8];
+    int64_t rows[8];
+    for (int i = 0; i < 8; ++i) {
+      const int64_t o = o0 + 8 * h + i;
+      keep[i] = o < o_end ? -1 : 0;
+      rows[i] = o < o_end ? o : o0;  // a valid row; masked to zero below
+      off[i] = int32_t((rows[i] - o0) * rb);
     }
-    case Weight::Kind::kFP4: {
-      // Lane i takes nibble i of the 4 bytes: low nibble first, the order
-      // of the values. Magnitude from the 8 positive codes, sign from bit 3.
-      int32_t u;
-      std::memcpy(&u, w.data + o * (w.in / 2) + k / 2, 4);
-      const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(u), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                             _mm256_set1_epi32(15));
-      const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f), codes);
-      const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(8)), 28));
-      const __m256 v = _mm256_or_ps(mag, sign);
-      return _mm256_mul_ps(v, _mm256_set1_ps(e8m0_to_f32(w.scale[o * (w.in / 32) + k / 32])));
+    const __m256i voff = _mm256_load_si256(reinterpret_cast<const __m256i*>(off));
+    const __m256 vkeep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(keep)));
+    const uint8_t* base = w.data + o0 * rb;
+    for (int64_t k = 0; k < w.in; k += 32) {
+      alignas(32) float sc[8];
+      for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[rows[i] * sb + k / 32]);
+      const __m256 scale = _mm256_load_ps(sc);
+      for (int64_t kk = k; kk < k + 32; kk += 8) {
+        const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + kk / 2), voff, 1);
+        float* dst = panel + kk * kGemmNR + 8 * h;
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          const __m256i code = _mm256_and_si256(_mm256_srli_epi32(v, 4 * i), nib);
+          const __m256 mag = _mm256_permutevar8x32_ps(mags, code);
+          const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(code, signbit), 28));
+          _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(_mm256_or_ps(mag, sign), scale), vkeep));
+        }
+      }
     }
   }
-  return _mm256_setzero_ps();
+}
+
+// FP8 the same way: one gather takes 4 codes of each of 8 rows; e4m3 is
+// decoded arithmetically (normal: the bits moved into an fp32 exponent;
+// subnormal: m · 2^-9; the NaN codes as the table has them).
+inline __m256 e4m3_decode(__m256i c, __m256i nan_pos, __m256i nan_neg) {
+  const __m256i a = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(a, 20), _mm256_set1_epi32(120 << 23));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, _mm256_set1_epi32(7))), _mm256_set1_ps(0x1p-9f));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), a);
+  __m256i bits = _mm256_blendv_epi8(normal, _mm256_castps_si256(sub), is_sub);
+  bits = _mm256_or_si256(bits, sign);
+  const __m256i is_nan = _mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f));
+  const __m256i nan = _mm256_blendv_epi8(nan_pos, nan_neg, _mm256_cmpgt_epi32(sign, _mm256_set1_epi32(-1)) ^ _mm256_set1_epi32(-1));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, nan, is_nan));
+}
+
+void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  const int64_t in = w.in, B = w.block, scols = (in + B - 1) / B;
+  uint32_t np, nn;
+  std::memcpy(&np, e4m3_table() + 0x7f, 4);
+  std::memcpy(&nn, e4m3_table() + 0xff, 4);
+  const __m256i nan_pos = _mm256_set1_epi32(int32_t(np)), nan_neg = _mm256_set1_epi32(int32_t(nn));
+  for (int h = 0; h < 2; ++h) {
+    alignas(32) int32_t off[8], keep[8];
+    int64_t rows[8];
+    for (int i = 0; i < 8; ++i) {
+      const int64_t o = o0 + 8 * h + i;
+      keep[i] = o < o_end ? -1 : 0;
+      rows[i] = o < o_end ? o : o0;
+      off[i] = int32_t((rows[i] - o0) * in);
+    }
+    const __m256i voff = _mm256_load_si256(reinterpret_cast<const __m256i*>(off));
+    const __m256 vkeep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(keep)));
+    const uint8_t* base = w.data + o0 * in;
+    __m256 scale = _mm256_setzero_ps();
+    for (int64_t k = 0; k < in; k += 4) {
+      if (k % B == 0) {
+        alignas(32) float sc[8];
+        for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[(rows[i] / B) * scols + k / B]);
+        scale = _mm256_load_ps(sc);
+      }
+      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + k), voff, 1);
+      float* dst = panel + k * kGemmNR + 8 * h;
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m256i code = _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xff));
+        _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(e4m3_decode(code, nan_pos, nan_neg), scale), vkeep));
+      }
+    }
+  }
 }
 
 }  // namespace
 
 void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
-  // The 8-wide path needs whole groups of 8 inside one scale block.
-  if (in % 8 != 0 || (kind == Kind::kFP8 && block % 8 != 0)) return dequant_panel_reference(o0, o_end, panel);
-  for (int64_t k = 0; k < in; k += 8) {
-    for (int h = 0; h < 2; ++h) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i) {
-        const int64_t o = o0 + 8 * h + i;
-        r[i] = o < o_end ? load8(*this, o, k) : _mm256_setzero_ps();
-      }
-      transpose8(r);
-      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kGemmNR + 8 * h, r[i]);
-    }
+  // The 8-wide paths need whole groups of 8 inside one scale block.
+  if (in % 8 != 0 || (kind == Kind::kFP8 && block % 4 != 0)) return dequant_panel_reference(o0, o_end, panel);
+  switch (kind) {
+    case Kind::kF32: return panel_rows8<Kind::kF32>(*this, o0, o_end, panel);
+    case Kind::kBF16: return panel_rows8<Kind::kBF16>(*this, o0, o_end, panel);
+    case Kind::kFP8: return panel_fp8(*this, o0, o_end, panel);
+    case Kind::kFP4: return panel_fp4(*this, o0, o_end, panel);
   }
 }
 #else
