@@ -244,6 +244,33 @@ TEST_F(Ep, BrokenCheckpointOnOneRankEndsTheJob) {
   }
 }
 
+// dsv4 bench under mpirun: per prompt length the R = 1 and the R-rank times,
+// the speed-up, the all-to-all traffic per MoE step, and a bitwise check of
+// every request's logits and caches between the two.
+TEST_F(Ep, BenchReportsStepsTrafficAndSpeedup) {
+  const Cmd r = run_shell(mpirun(2, 120) + DSV4_BIN + " bench --threads 1 --model " + model_dir() +
+                          " --tokens 64,200 --chunk-tokens 128 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output.substr(r.output.find("{\"")), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  EXPECT_EQ(j["ranks"], 2);
+  ASSERT_EQ(j["prefill_ep"].size(), 2u) << r.output;
+  const ModelConfig c = ModelConfig::load(model_dir() + "/config.json");
+  for (const json& p : j["prefill_ep"]) {
+    const int64_t n = p["n_tokens"].get<int64_t>();
+    EXPECT_TRUE(p["results_identical"].get<bool>()) << p.dump();
+    // One MoE step per layer and chunk round.
+    EXPECT_EQ(p["steps"].get<int64_t>(), c.num_hidden_layers * ((n + 127) / 128)) << p.dump();
+    EXPECT_EQ(p["per_step"].size(), size_t(p["steps"].get<int64_t>()));
+    EXPECT_GT(p["all_to_all_bytes_per_step"].get<double>(), 0) << p.dump();
+    EXPECT_GT(p["seconds_r1"].get<double>(), 0);
+    EXPECT_GT(p["speedup"].get<double>(), 0);
+  }
+  const Cmd bad = run_shell(mpirun(2, 60) + DSV4_BIN + " bench --preset tiny --tokens 64");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("needs --model DIR"), std::string::npos) << bad.output;
+}
+
 // A request that does not get its cache pages on its rank is a result (its
 // error, exit code 2), not an abort: the other requests still complete, and
 // rank 0 prints every result.

@@ -22,6 +22,7 @@
 #include "core/peak.h"
 #include "core/stage_timer.h"
 #include "core/thread_pool.h"
+#include "dist/ep.h"
 #include "engine/flops.h"
 #include "engine/prefill.h"
 #include "kernels/linear.h"
@@ -340,6 +341,112 @@ std::vector<GemmShape> parse_gemm_shapes(const std::string& s) {
   return r;
 }
 
+// Under mpirun: expert-parallel prefill (PREFILL.md §4). Per prompt length,
+// R requests (one per rank, request r a variant of the bench prompt) run
+// first in one process on rank 0 with every expert (R = 1), then on R ranks
+// with the experts split (each rank its own request). Reports both times,
+// the speed-up, the all-to-all bytes and seconds per MoE step, and whether
+// every request's logits and cache checksum came out bitwise the same.
+int run_bench_ep(const BenchOptions& o) {
+  if (o.model_dir.empty())
+    throw Error("under mpirun, bench needs --model DIR (every rank maps the same checkpoint)");
+  const int me = dist::rank(), R = dist::size();
+  const ModelConfig cfg0 = ModelConfig::load((std::filesystem::path(o.model_dir) / "config.json").string());
+  const ExpertRange held = dist::expert_range(cfg0.n_routed_experts, me, R);
+  std::unique_ptr<Model> part = Model::load(o.model_dir, held);
+  std::unique_ptr<Model> full = me == 0 ? Model::load(o.model_dir) : nullptr;
+  const ModelConfig& cfg = part->config;
+  for (int64_t n : o.tokens)
+    if (n > prompt_limit(cfg, 0))
+      throw Error("--tokens " + std::to_string(n) + " is over the model's limit of " +
+                  std::to_string(prompt_limit(cfg, 0)) + " positions (max_position_embeddings)");
+  PrefillOptions po;
+  po.tile_tokens = o.tile_tokens;
+  po.chunk_tokens = o.chunk_tokens;
+  auto request = [&](int64_t n, int r) {
+    std::vector<int32_t> t = bench_prompt(n, cfg.vocab_size);
+    for (size_t i = 1; i < t.size(); ++i) t[i] = int32_t((int64_t(t[i]) + 7919 * r) % cfg.vocab_size);
+    return t;
+  };
+  json runs = json::array();
+  for (int64_t n : o.tokens) {
+    std::vector<std::vector<int32_t>> all(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) all[size_t(r)] = request(n, r);
+    // R = 1: rank 0 alone, all R requests in one batch, every expert local.
+    double t1 = 0;
+    std::vector<uint64_t> ref_logits(static_cast<size_t>(R)), ref_cache(static_cast<size_t>(R));
+    if (me == 0) {
+      CachePool pool(size_t(R) * pool_for_request(*full, n)->total_pages() * CachePool::kDefaultPageBytes);
+      std::vector<RequestState> st(static_cast<size_t>(R));
+      std::vector<RequestState*> ptr;
+      for (RequestState& s : st) {
+        s.init(*full, &pool);
+        ptr.push_back(&s);
+      }
+      const auto t0 = Clock::now();
+      std::vector<PrefillResult> res = extend_batch(*full, ptr, all, po);
+      t1 = since(t0);
+      for (int r = 0; r < R; ++r) {
+        ref_logits[size_t(r)] = fnv1a64(res[size_t(r)].logits.data(), res[size_t(r)].logits.size());
+        ref_cache[size_t(r)] = cache_checksum(*full, st[size_t(r)]);
+      }
+    }
+    dist::barrier();
+    // R ranks: request r on rank r, experts split.
+    dist::MpiExpertRunner runner(cfg.n_routed_experts);
+    auto pool = pool_for_request(*part, n);
+    RequestState st;
+    st.init(*part, pool.get());
+    dist::barrier();
+    const auto t0 = Clock::now();
+    std::vector<PrefillResult> res = extend_batch(*part, {&st}, {all[size_t(me)]}, po, &runner);
+    const double secs = since(t0);
+    if (!res[0].error.empty()) throw Error(res[0].error);
+    dist::RequestOutcome mine;
+    mine.index = me;
+    mine.n_tokens = n;
+    mine.next_token = res[0].next_token;
+    mine.cache_checksum = cache_checksum(*part, st);
+    mine.logits = std::move(res[0].logits);
+    const std::vector<dist::RequestOutcome> got = dist::gather_outcomes({mine});
+    const dist::EpTotals t = runner.reduce_totals(secs);
+    if (me != 0) continue;
+    bool identical = got.size() == size_t(R);
+    for (const dist::RequestOutcome& g : got)
+      identical = identical && fnv1a64(g.logits.data(), g.logits.size()) == ref_logits[size_t(g.index)] &&
+                  g.cache_checksum == ref_cache[size_t(g.index)];
+    json steps = json::array();
+    for (size_t i = 0; i < t.step_bytes.size(); ++i)
+      steps.push_back({{"bytes", t.step_bytes[i]}, {"seconds", t.step_comm_seconds[i]}});
+    runs.push_back({{"n_tokens", n},
+                    {"requests", R},
+                    {"seconds_r1", t1},
+                    {"seconds", t.wall_seconds},
+                    {"speedup", t.wall_seconds > 0 ? t1 / t.wall_seconds : 0.0},
+                    {"tokens_per_second", double(R * n) / t.wall_seconds},
+                    {"steps", t.steps},
+                    {"all_to_all_bytes_per_step", t.steps ? double(t.bytes_sent) / double(t.steps) : 0.0},
+                    {"all_to_all_seconds", t.comm_seconds},
+                    {"per_step", steps},
+                    {"results_identical", identical}});
+  }
+  if (me != 0) return 0;
+  if (o.json) {
+    std::cout << json{{"ranks", R}, {"threads", ThreadPool::global().size()}, {"prefill_ep", runs}}.dump() << std::endl;
+    return 0;
+  }
+  std::printf("expert parallelism: %d ranks, %d threads per rank; one request of N tokens per rank\n", R,
+              ThreadPool::global().size());
+  std::printf("  %6s %10s %10s %8s %11s %14s %10s  %s\n", "N", "R=1 s", "R s", "speedup", "tokens/s",
+              "a2a bytes/step", "a2a s", "bitwise");
+  for (const json& r : runs)
+    std::printf("  %6lld %10.3f %10.3f %7.2fx %11.1f %14.0f %10.3f  %s\n", (long long)r["n_tokens"].get<int64_t>(),
+                r["seconds_r1"].get<double>(), r["seconds"].get<double>(), r["speedup"].get<double>(),
+                r["tokens_per_second"].get<double>(), r["all_to_all_bytes_per_step"].get<double>(),
+                r["all_to_all_seconds"].get<double>(), r["results_identical"].get<bool>() ? "yes" : "NO");
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   if (o.tokens.empty()) throw Error("bench needs at least one prompt length (--tokens)");
   if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
@@ -347,6 +454,7 @@ int run_bench(const BenchOptions& o) {
   if (o.gemm_reps < 1) throw Error("--gemm-reps must be >= 1");
   if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024]");
   if (o.threads > 0) ThreadPool::set_threads(o.threads);
+  if (dist::active()) return run_bench_ep(o);
   ThreadPool& pool = ThreadPool::global();
   const int threads = pool.size();
 #ifdef DSV4_HAVE_OPENBLAS

@@ -141,6 +141,10 @@ commands:
       --gemm-reps R           best of at most R runs per GEMM (default 3)
       --peak-seconds S        length of each peak measurement (default 0.25)
       --json                  one JSON object: peak_gflops, gemm [...], prefill [...]
+              Under `mpirun -np R` (needs --model): per N, R requests run on
+              rank 0 alone (R = 1), then one per rank with the experts split;
+              prints both times, the speed-up, all-to-all bytes and seconds per
+              MoE step, and whether all results are bitwise the same
   help        this text
 
 Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage
@@ -1018,7 +1022,7 @@ int main(int argc, char** argv) {
   };
   try {
     Args a = parse_args(argc, argv);
-    if (a.command == "prefill" && dist::launched_by_mpi()) dist::init();
+    if ((a.command == "prefill" || a.command == "bench") && dist::launched_by_mpi()) dist::init();
     if (a.command.empty() || a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kHelp, stdout);
       return a.command.empty() ? 2 : 0;

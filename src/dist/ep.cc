@@ -114,6 +114,10 @@ void finalize() {
   if (active()) MPI_Finalize();
 }
 
+void barrier() {
+  if (active()) MPI_Barrier(MPI_COMM_WORLD);
+}
+
 void abort_job(int code) {
   if (active()) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);

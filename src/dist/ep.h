@@ -48,6 +48,8 @@ int rank();  // 0 when not active
 int size();  // 1 when not active
 // MPI_Finalize when active.
 void finalize();
+// MPI_Barrier on MPI_COMM_WORLD (nothing when not active).
+void barrier();
 // Ends the whole job with `code` (MPI_Abort on MPI_COMM_WORLD when active,
 // else std::exit).
 [[noreturn]] void abort_job(int code);
