@@ -130,6 +130,7 @@ void tokens_seeds() {
   std::string s = "[0";
   for (int i = 1; i < 300; ++i) s += "," + std::to_string((i * 7919) % 1024);
   seed("tokens", "long", s + "]");
+  seed("tokens", "requests", "[[0, 1, 2], {\"tokens\": [5, 6]}, {\"prompt\": \"Hello\"}, []]");
 }
 
 void npy_seeds(const std::string& tmp) {

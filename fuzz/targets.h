@@ -150,13 +150,21 @@ inline void config(const uint8_t* data, size_t size) {
   compressed.cos_sin(c.max_position_embeddings - 1, cs.data());
 }
 
-// ---- tokens: the CLI's --tokens JSON reader and the prompt checks ------------------------
+// ---- tokens: the CLI's --tokens and --requests JSON readers and the prompt checks ---------
 inline void tokens(const uint8_t* data, size_t size) {
   static const ModelConfig tiny = [] {
     SyntheticOptions o;
     o.preset = "tiny";
     return synthetic_config(o);
   }();
+  // The same bytes as a --requests file: each entry is ids or a text prompt.
+  try {
+    for (const RequestSpec& r : parse_request_list(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.json")) {
+      fuzz_check(r.is_prompt || r.prompt.empty());
+      for (int32_t v : r.tokens) fuzz_check(v >= 0);
+    }
+  } catch (const Error&) {
+  }
   std::vector<int32_t> t;
   try {
     t = parse_token_list(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.json");
