@@ -18,7 +18,8 @@ TEST(Gemm, FastEqualsReferenceBitwise) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
   for (auto [M, K, N] : {std::array<int64_t, 3>{1, 1, 1}, {3, 17, 5}, {4, 64, 16}, {7, 100, 33},
-                         {200, 256, 50}, {385, 129, 47}, {600, 64, 17}}) {
+                         {200, 256, 50}, {385, 129, 47}, {600, 64, 17},
+                         {13, 2500, 37}}) {  // K over one k block: the chains continue across blocks
     std::vector<float> A(size_t(M * K)), B(size_t(N * K));
     for (float& v : A) v = nd(rng);
     for (float& v : B) v = nd(rng);
