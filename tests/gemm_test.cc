@@ -60,7 +60,7 @@ TEST(Gemm, ResultOfARowDoesNotDependOnM) {
 TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
   std::mt19937 rng(11);
   for (Weight::Kind kind : {Weight::Kind::kF32, Weight::Kind::kBF16, Weight::Kind::kFP8, Weight::Kind::kFP4}) {
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}}) {
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}}) {
       const int block = 128;
       std::vector<uint8_t> data, scale;
       switch (kind) {
