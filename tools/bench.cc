@@ -287,9 +287,11 @@ PrefillRun bench_prefill(const Model& m, int64_t n, int64_t tile_tokens, int64_t
 }  // namespace
 
 std::vector<GemmShape> BenchOptions::default_gemm_shapes() {
-  // Prefill shapes (one 512-row chunk): Flash's hidden 4096 and low-rank 1024
-  // inputs, from a narrow output up to the 32768-wide wq_b.
-  return {{512, 4096, 512}, {512, 4096, 4096}, {512, 1024, 4096}, {512, 4096, 32768}};
+  // Prefill shapes: Flash's hidden 4096 and low-rank 1024 inputs, from a
+  // narrow output up to the 32768-wide wq_b, for 512 rows and for a
+  // 2048-row chunk (where A no longer stays in cache between tasks).
+  return {{512, 4096, 512},   {512, 4096, 4096},   {512, 1024, 4096}, {512, 4096, 32768},
+          {2048, 4096, 512},  {2048, 1024, 4096},  {2048, 4096, 4096}};
 }
 
 uint64_t fnv1a64(const float* v, size_t n) {
