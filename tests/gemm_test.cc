@@ -89,6 +89,12 @@ TEST(Gemm, RowSlicesOfALargeProductEqualReference) {
   }
 }
 
+TEST(Gemm, EmptySumsAreZero) {
+  std::vector<float> out(6, -1.f);
+  gemm(nullptr, 0, 2, 0, 3, dense_rows_loader(nullptr, 0, 3, 0), GemmOut{out.data(), 3, true});
+  for (float v : out) EXPECT_EQ(v, 0.f);
+}
+
 // The vectorised panel loader against dequant_row, value by value, for every
 // weight format, shapes with a partial last panel, all byte values.
 TEST(Gemm, DequantPanelEqualsReferenceBitwise) {

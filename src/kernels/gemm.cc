@@ -96,6 +96,10 @@ void micro_rows(int rows, const float* A, int64_t lda, const float* P, int64_t k
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
           bool parallel) {
   if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // empty sums
+    for (int64_t m = 0; m < M; ++m) std::fill(out.c + m * out.ldc, out.c + m * out.ldc + N, 0.f);
+    return;
+  }
   // Every task streams all of A once, so a wide product reads A N/64 times.
   // When A is larger than a fair share of L3 (4 MB) and there are many
   // tasks, the rows are taken in slices of 2 MB of A, each a product of its
@@ -103,7 +107,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   // OpenBLAS: 2048×1024×4096 0.89–0.91x → 0.93–0.97x. Slices shorter than two
   // chunks cost more in decoding and thin tasks than they save (2048×4096×4096:
   // 0.85–0.92x → 0.80–0.85x), so K above ~1360 is left whole.
-  const int64_t MS = (int64_t(2) << 20) / (std::max<int64_t>(K, 1) * 4);
+  const int64_t MS = (int64_t(2) << 20) / (K * 4);
   if (N >= 2048 && MS >= 2 * MC && M > MS && M * K * 4 > (int64_t(4) << 20)) {
     for (int64_t m0 = 0; m0 < M; m0 += MS)
       gemm(A + m0 * lda, lda, std::min(MS, M - m0), K, N, load, GemmOut{out.c + m0 * out.ldc, out.ldc, out.bf16},
