@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 namespace dsv4 {
 
@@ -36,16 +37,7 @@ void ThreadPool::worker_loop(int id) {
       seen = generation_;
       job = job_;
     }
-    for (;;) {
-      int64_t b;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        b = next_;
-        next_ += chunk_;
-      }
-      if (b >= n_) break;
-      (*job)(b, std::min(n_, b + chunk_), id);
-    }
+    run_chunks(*job, id);
     {
       std::lock_guard<std::mutex> l(mu_);
       if (--active_ == 0) done_cv_.notify_all();
@@ -73,19 +65,32 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     ++generation_;
   }
   cv_.notify_all();
+  run_chunks(fn, 0);
+  std::unique_lock<std::mutex> l(mu_);
+  done_cv_.wait(l, [&] { return active_ == 0; });
+  job_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void ThreadPool::run_chunks(const std::function<void(int64_t, int64_t, int)>& fn, int id) {
   for (;;) {
-    int64_t b;
+    int64_t b, e;
     {
       std::lock_guard<std::mutex> l(mu_);
       b = next_;
       next_ += chunk_;
+      e = std::min(n_, b + chunk_);
     }
-    if (b >= n) break;
-    fn(b, std::min(n, b + chunk), 0);
+    if (b >= n_) return;
+    try {
+      fn(b, e, id);
+    } catch (...) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!error_) error_ = std::current_exception();
+      next_ = n_;  // start no more chunks
+      return;
+    }
   }
-  std::unique_lock<std::mutex> l(mu_);
-  done_cv_.wait(l, [&] { return active_ == 0; });
-  job_ = nullptr;
 }
 
 ThreadPool& ThreadPool::global() {

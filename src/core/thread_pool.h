@@ -4,6 +4,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -20,7 +21,9 @@ class ThreadPool {
 
   int size() const { return int(workers_.size()) + 1; }
   // Calls fn(begin, end, worker) on disjoint chunks covering [0, n); blocks
-  // until all are done. The calling thread takes part as worker 0.
+  // until all are done. The calling thread takes part as worker 0. If fn
+  // throws, no further chunks are started, the running ones finish, and the
+  // first exception is rethrown here; the pool stays usable.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t min_chunk = 1);
 
   // The process-wide pool (created on first use with set_threads' count, or
@@ -30,6 +33,8 @@ class ThreadPool {
 
  private:
   void worker_loop(int id);
+  // Runs chunks of the current job until none are left (or one has thrown).
+  void run_chunks(const std::function<void(int64_t, int64_t, int)>& fn, int id);
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
@@ -37,6 +42,7 @@ class ThreadPool {
   int64_t n_ = 0, chunk_ = 0, next_ = 0;
   int active_ = 0;
   uint64_t generation_ = 0;
+  std::exception_ptr error_;  // the first exception of the current job
   bool stop_ = false;
 };
 
