@@ -298,6 +298,29 @@ TEST(BadInput, StructuralConfigErrorsThroughTheCli) {
   expect_clean_error(run(tmp, {"prefill", "--model", dir, "--prompt", "hi"}), {"tensor '", "layers.0.ffn.gate"});
   std::ofstream(cfg) << "{\"hidden_size\": 256,";
   expect_clean_error(run(tmp, {"prefill", "--model", dir, "--prompt", "hi"}), {cfg, "invalid JSON"});
+  // A directory where config.json should be is named as such.
+  std::filesystem::remove(cfg);
+  std::filesystem::create_directory(cfg);
+  expect_clean_error(run(tmp, {"prefill", "--model", dir, "--prompt", "hi"}), {cfg, "is a directory, not a config"});
+}
+
+// A dump that cannot be written leaves nothing behind (it is written under a
+// temporary name and renamed only when complete).
+TEST(BadInput, NpyThatCannotBeWrittenLeavesNoFile) {
+  TempDir tmp;
+  const std::string target = tmp / "out.npy";
+  std::filesystem::create_directory(target);  // rename onto a directory fails
+  const float v[3] = {1, 2, 3};
+  try {
+    write_npy(target, v, {3});
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(target), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(target + ".partial"));
+  write_npy(tmp / "ok.npy", v, {3});
+  EXPECT_EQ(read_npy(tmp / "ok.npy").data, std::vector<float>(v, v + 3));
+  EXPECT_FALSE(std::filesystem::exists(tmp / "ok.npy.partial"));
 }
 
 // ---- Token lists ----------------------------------------------------------------------------

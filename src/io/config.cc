@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/text_file.h"
 
 namespace dsv4 {
 
@@ -185,11 +186,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
 }
 
 ModelConfig ModelConfig::load(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open config");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  json j = json::parse(read_text_file(path, "config"), nullptr, false);
   if (j.is_discarded()) throw Error(path + ": invalid JSON");
   return from_json(j, path);
 }

@@ -1,6 +1,7 @@
 #include "io/npy.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -21,14 +22,28 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
   size_t total = 10 + dict.size() + 1;
   dict.append((64 - total % 64) % 64, ' ');
   dict += '\n';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot create");
-  f.write("\x93NUMPY\x01\x00", 8);
-  uint16_t hl = uint16_t(dict.size());
-  f.write(reinterpret_cast<const char*>(&hl), 2);
-  f.write(dict.data(), std::streamsize(dict.size()));
-  f.write(reinterpret_cast<const char*>(data), std::streamsize(n * sizeof(float)));
-  if (!f) throw Error(path + ": write failed");
+  // Written next to the target and renamed at the end, so that a failed
+  // write (disk full) never leaves a truncated array under the real name.
+  const std::string tmp = path + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) throw Error(path + ": cannot create");
+    f.write("\x93NUMPY\x01\x00", 8);
+    uint16_t hl = uint16_t(dict.size());
+    f.write(reinterpret_cast<const char*>(&hl), 2);
+    f.write(dict.data(), std::streamsize(dict.size()));
+    f.write(reinterpret_cast<const char*>(data), std::streamsize(n * sizeof(float)));
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error(path + ": write failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error(path + ": cannot write: " + why);
+  }
 }
 
 NpyArray read_npy(const std::string& path) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/text_file.h"
 #include "io/mapping_guard.h"
 
 namespace dsv4 {
@@ -173,11 +174,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   std::vector<std::string> shard_names;
   json weight_map;
   if (fs::exists(index, ec)) {
-    std::ifstream f(index);
-    if (!f) throw Error(index.string() + ": cannot open");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    json j = json::parse(ss.str(), nullptr, false);
+    json j = json::parse(read_text_file(index.string(), "shard index"), nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw Error(index.string() + ": invalid JSON");
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": missing object 'weight_map'");

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/text_file.h"
 
 namespace dsv4 {
 
@@ -30,23 +31,8 @@ std::vector<int32_t> parse_token_list(std::string_view text, const std::string& 
   return t;
 }
 
-namespace {
-
-std::string read_text(const std::string& path, const char* what) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a " + what);
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open " + what);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error(path + ": cannot read " + what);
-  return ss.str();
-}
-
-}  // namespace
-
 std::vector<int32_t> read_token_list(const std::string& path) {
-  return parse_token_list(read_text(path, "token file"), path);
+  return parse_token_list(read_text_file(path, "token file"), path);
 }
 
 std::vector<RequestSpec> parse_request_list(std::string_view text, const std::string& origin) {
@@ -73,7 +59,7 @@ std::vector<RequestSpec> parse_request_list(std::string_view text, const std::st
 }
 
 std::vector<RequestSpec> read_request_list(const std::string& path) {
-  return parse_request_list(read_text(path, "requests file"), path);
+  return parse_request_list(read_text_file(path, "requests file"), path);
 }
 
 }  // namespace dsv4

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/text_file.h"
 
 namespace dsv4 {
 
@@ -252,14 +253,6 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 using PieceCache = std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 
@@ -636,7 +629,7 @@ bool Tokenizer::present_in(const std::string& dir) { return fs::is_regular_file(
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   const std::string file = fs::is_directory(path) ? (fs::path(path) / "tokenizer.json").string() : path;
-  return from_json(read_file(file), file);
+  return from_json(read_text_file(file, "tokenizer file"), file);
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string& origin) {
