@@ -130,6 +130,26 @@ void panel_rows8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
     }
 }
 
+// The 8 weight rows [first, first + 8) seen by one gather: byte offsets from
+// row `base` (rows of row_bytes), a lane mask that zeroes rows at or past
+// o_end, and the row each lane reads, data and scales: `base`, a valid row,
+// stands in for the masked ones.
+struct Rows8 {
+  __m256i off;
+  __m256 keep;
+  int64_t row[8];
+  Rows8(int64_t first, int64_t o_end, int64_t row_bytes, int64_t base) {
+    alignas(32) int32_t o[8], k[8];
+    for (int i = 0; i < 8; ++i) {
+      k[i] = first + i < o_end ? -1 : 0;
+      row[i] = first + i < o_end ? first + i : base;
+      o[i] = int32_t((row[i] - base) * row_bytes);
+    }
+    off = _mm256_load_si256(reinterpret_cast<const __m256i*>(o));
+    keep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(k)));
+  }
+};
+
 // FP4 needs no transpose: one gather takes 4 bytes (8 values) of each of 8
 // rows, and nibble i of every lane is panel row k + i. Magnitude from the 8
 // positive codes, sign from bit 3, times the row's power-of-two scale.
@@ -138,30 +158,21 @@ void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
   const __m256 mags = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
   const __m256i nib = _mm256_set1_epi32(15), signbit = _mm256_set1_epi32(8);
   for (int h = 0; h < 2; ++h) {
-    alignas(32) int32_t off[8], keep[8];
-    int64_t rows[8];
-    for (int i = 0; i < 8; ++i) {
-      const int64_t o = o0 + 8 * h + i;
-      keep[i] = o < o_end ? -1 : 0;
-      rows[i] = o < o_end ? o : o0;  // a valid row; masked to zero below
-      off[i] = int32_t((rows[i] - o0) * rb);
-    }
-    const __m256i voff = _mm256_load_si256(reinterpret_cast<const __m256i*>(off));
-    const __m256 vkeep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(keep)));
+    const Rows8 r(o0 + 8 * h, o_end, rb, o0);
     const uint8_t* base = w.data + o0 * rb;
     for (int64_t k = 0; k < w.in; k += 32) {
       alignas(32) float sc[8];
-      for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[rows[i] * sb + k / 32]);
+      for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[r.row[i] * sb + k / 32]);
       const __m256 scale = _mm256_load_ps(sc);
       for (int64_t kk = k; kk < k + 32; kk += 8) {
-        const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + kk / 2), voff, 1);
+        const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + kk / 2), r.off, 1);
         float* dst = panel + kk * kGemmNR + 8 * h;
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
           const __m256i code = _mm256_and_si256(_mm256_srli_epi32(v, 4 * i), nib);
           const __m256 mag = _mm256_permutevar8x32_ps(mags, code);
           const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(code, signbit), 28));
-          _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(_mm256_or_ps(mag, sign), scale), vkeep));
+          _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(_mm256_or_ps(mag, sign), scale), r.keep));
         }
       }
     }
@@ -191,30 +202,21 @@ void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
   std::memcpy(&nn, e4m3_table() + 0xff, 4);
   const __m256i nan_pos = _mm256_set1_epi32(int32_t(np)), nan_neg = _mm256_set1_epi32(int32_t(nn));
   for (int h = 0; h < 2; ++h) {
-    alignas(32) int32_t off[8], keep[8];
-    int64_t rows[8];
-    for (int i = 0; i < 8; ++i) {
-      const int64_t o = o0 + 8 * h + i;
-      keep[i] = o < o_end ? -1 : 0;
-      rows[i] = o < o_end ? o : o0;
-      off[i] = int32_t((rows[i] - o0) * in);
-    }
-    const __m256i voff = _mm256_load_si256(reinterpret_cast<const __m256i*>(off));
-    const __m256 vkeep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(keep)));
+    const Rows8 r(o0 + 8 * h, o_end, in, o0);
     const uint8_t* base = w.data + o0 * in;
     __m256 scale = _mm256_setzero_ps();
     for (int64_t k = 0; k < in; k += 4) {
       if (k % B == 0) {
         alignas(32) float sc[8];
-        for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[(rows[i] / B) * scols + k / B]);
+        for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[(r.row[i] / B) * scols + k / B]);
         scale = _mm256_load_ps(sc);
       }
-      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + k), voff, 1);
+      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + k), r.off, 1);
       float* dst = panel + k * kGemmNR + 8 * h;
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const __m256i code = _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xff));
-        _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(e4m3_decode(code, nan_pos, nan_neg), scale), vkeep));
+        _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(e4m3_decode(code, nan_pos, nan_neg), scale), r.keep));
       }
     }
   }
