@@ -14,16 +14,7 @@ using testing::run_dsv4;
 
 // Runs `dsv4 <args>` and captures stdout alone (stderr is dropped).
 testing::RunResult run_stdout(const std::string& args) {
-  testing::RunResult r;
-  const std::string cmd = std::string(DSV4_BIN) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return testing::run_command(std::string(DSV4_BIN) + " " + args + " 2>/dev/null");
 }
 
 // The bench on tiny shapes; stdout must be exactly one JSON object.

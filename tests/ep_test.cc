@@ -31,15 +31,11 @@ struct Cmd {
 };
 
 Cmd run_shell(const std::string& cmd) {
-  Cmd r;
   const auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  testing::RunResult out = testing::run_command(cmd + " 2>&1");
+  Cmd r;
+  r.exit_code = out.exit_code;
+  r.output = std::move(out.output);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -32,10 +32,10 @@ struct RunResult {
   std::string output;   // stdout and stderr together
 };
 
-// Runs `dsv4 <args>` through the shell and captures its output.
-inline RunResult run_dsv4(const std::string& args) {
+// Runs a shell command line and captures its stdout (redirect stderr in
+// `cmd` to have it too, or to drop it).
+inline RunResult run_command(const std::string& cmd) {
   RunResult r;
-  std::string cmd = std::string(DSV4_BIN) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -44,6 +44,11 @@ inline RunResult run_dsv4(const std::string& args) {
   int st = pclose(p);
   r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+// Runs `dsv4 <args>` through the shell and captures stdout and stderr.
+inline RunResult run_dsv4(const std::string& args) {
+  return run_command(std::string(DSV4_BIN) + " " + args + " 2>&1");
 }
 
 inline std::vector<uint8_t> read_bytes(const std::string& path) {

@@ -46,12 +46,14 @@ struct Outcome {
   std::vector<uint8_t> cache;
 };
 
-Outcome run(const Model& m, const std::vector<int32_t>& tokens, int64_t tile) {
+Outcome run(const Model& m, const std::vector<int32_t>& tokens, int64_t tile,
+            int64_t chunk = PrefillOptions{}.chunk_tokens) {
   auto pool = pool_for_request(m, int64_t(tokens.size()));
   RequestState st;
   st.init(m, pool.get());
   PrefillOptions o;
   o.tile_tokens = tile;
+  o.chunk_tokens = chunk;
   o.keep_hidden = true;
   Outcome r;
   r.result = extend(m, st, tokens, o);
@@ -99,22 +101,9 @@ TEST(Threads, BitwiseIdenticalAcrossThreadCounts) {
 TEST(ChunkSizes, BitwiseIdenticalToTileMajor) {
   const Model& m = tiny_model();
   auto tokens = prompt(3000, m.config.vocab_size);
-  auto outcome = [&](int64_t tile, int64_t chunk) {
-    auto pool = pool_for_request(m, int64_t(tokens.size()));
-    RequestState st;
-    st.init(m, pool.get());
-    PrefillOptions o;
-    o.tile_tokens = tile;
-    o.chunk_tokens = chunk;
-    o.keep_hidden = true;
-    Outcome r;
-    r.result = extend(m, st, tokens, o);
-    r.cache = cache_contents(m, st);
-    return r;
-  };
-  const Outcome ref = outcome(128, 128);
+  const Outcome ref = run(m, tokens, 128, 128);
   for (auto [tile, chunk] : std::vector<std::pair<int64_t, int64_t>>{{128, 0}, {128, 512}, {128, 2048}, {300, 1000}, {64, 100}}) {
-    const Outcome r = outcome(tile, chunk);
+    const Outcome r = run(m, tokens, tile, chunk);
     EXPECT_TRUE(same_bits(r.result.logits, ref.result.logits)) << "tile=" << tile << " chunk=" << chunk;
     EXPECT_TRUE(same_bits(r.result.hidden, ref.result.hidden)) << "tile=" << tile << " chunk=" << chunk;
     EXPECT_EQ(r.cache, ref.cache) << "tile=" << tile << " chunk=" << chunk;
