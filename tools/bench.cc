@@ -39,10 +39,7 @@ namespace dsv4 {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // ---- Progress on stderr -----------------------------------------------------------
 //

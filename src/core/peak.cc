@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/stage_timer.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define DSV4_PEAK_AVX2 1
@@ -14,10 +16,6 @@
 namespace dsv4 {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 #ifdef DSV4_PEAK_AVX2
 constexpr int kChains = 12;  // independent FMA chains: > latency (4-5) x FMA ports (2)

@@ -7,6 +7,10 @@
 
 namespace dsv4 {
 
+using Clock = std::chrono::steady_clock;
+// Seconds from t0 to now.
+inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
 enum class Stage { kProjections, kCompressors, kIndexer, kAttention, kGate, kExperts, kHc, kHead, kCount };
 inline const char* stage_name(Stage s) {
   static const char* names[] = {"projections", "compressors", "indexer", "attention",
