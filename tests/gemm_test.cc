@@ -3,6 +3,7 @@
 // output in ascending k).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -134,6 +135,8 @@ TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
         for (size_t i = 0; i < data.size() && i < 256; ++i) data[i] = uint8_t(i);  // every code, NaNs included
       }
       for (size_t i = 0; i < scale.size(); ++i) scale[i] = uint8_t(120 + rng() % 16);
+      // The ends of e8m0 too: 0 (2^-127, subnormal), 255 (inf), 2^127.
+      for (size_t i = 0; i < scale.size(); i += 7) scale[i] = std::array<uint8_t, 3>{0, 255, 254}[(i / 7) % 3];
       Weight w;
       w.kind = kind;
       w.out = out;

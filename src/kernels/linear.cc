@@ -130,103 +130,159 @@ void panel_rows8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
     }
 }
 
-// The 8 weight rows [first, first + 8) seen by one gather: byte offsets from
-// row `base` (rows of row_bytes), a lane mask that zeroes rows at or past
-// o_end, and the row each lane reads, data and scales: `base`, a valid row,
-// stands in for the masked ones.
+// Eight weight rows [first, first + 8) read side by side, one per lane:
+// where each row's data and scales start, and a lane mask that zeroes rows at
+// or past o_end (those lanes read row `valid`, a real one, instead).
 struct Rows8 {
-  __m256i off;
+  const uint8_t* data[8];
+  const uint8_t* scale[8];
   __m256 keep;
-  int64_t row[8];
-  Rows8(int64_t first, int64_t o_end, int64_t row_bytes, int64_t base) {
-    alignas(32) int32_t o[8], k[8];
+  Rows8(const Weight& w, int64_t first, int64_t o_end, int64_t row_bytes, int64_t scale_row_bytes,
+        int64_t rows_per_scale_row, int64_t valid) {
+    alignas(32) int32_t k[8];
     for (int i = 0; i < 8; ++i) {
+      const int64_t row = first + i < o_end ? first + i : valid;
       k[i] = first + i < o_end ? -1 : 0;
-      row[i] = first + i < o_end ? first + i : base;
-      o[i] = int32_t((row[i] - base) * row_bytes);
+      data[i] = w.data + row * row_bytes;
+      scale[i] = w.scale + (row / rows_per_scale_row) * scale_row_bytes;
     }
-    off = _mm256_load_si256(reinterpret_cast<const __m256i*>(o));
     keep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(k)));
+  }
+  // Dword j of bytes [byte, byte + 16) of every row: out[j] lane i = row i.
+  void dwords4(int64_t byte, __m256i out[4]) const {
+    __m256 y[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      y[i] = _mm256_insertf128_ps(
+          _mm256_castps128_ps256(_mm_loadu_ps(reinterpret_cast<const float*>(data[i] + byte))),
+          _mm_loadu_ps(reinterpret_cast<const float*>(data[i + 4] + byte)), 1);
+    // A 4×4 transpose of dwords in each 128-bit half: rows 0-3 low, 4-7 high.
+    const __m256 t0 = _mm256_unpacklo_ps(y[0], y[1]), t1 = _mm256_unpackhi_ps(y[0], y[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(y[2], y[3]), t3 = _mm256_unpackhi_ps(y[2], y[3]);
+    out[0] = _mm256_castps_si256(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
+    out[1] = _mm256_castps_si256(_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)));
+    out[2] = _mm256_castps_si256(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)));
+    out[3] = _mm256_castps_si256(_mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // The eight rows' e8m0 scales of block `col`, as e8m0_to_f32 gives them.
+  __m256 scales(int64_t col) const {
+    const __m256i e = _mm256_setr_epi32(scale[0][col], scale[1][col], scale[2][col], scale[3][col], scale[4][col],
+                                        scale[5][col], scale[6][col], scale[7][col]);
+    const __m256i zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+    return _mm256_castsi256_ps(
+        _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000), zero));  // 0: 2^-127
   }
 };
 
-// FP4 needs no transpose: one gather takes 4 bytes (8 values) of each of 8
-// rows, and nibble i of every lane is panel row k + i. Magnitude from the 8
-// positive codes, sign from bit 3, times the row's power-of-two scale.
-void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const int64_t rb = w.in / 2, sb = w.in / 32;
-  const __m256 mags = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
-  const __m256i nib = _mm256_set1_epi32(15), signbit = _mm256_set1_epi32(8);
-  for (int h = 0; h < 2; ++h) {
-    const Rows8 r(o0 + 8 * h, o_end, rb, o0);
-    const uint8_t* base = w.data + o0 * rb;
-    for (int64_t k = 0; k < w.in; k += 32) {
-      alignas(32) float sc[8];
-      for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[r.row[i] * sb + k / 32]);
-      const __m256 scale = _mm256_load_ps(sc);
-      for (int64_t kk = k; kk < k + 32; kk += 8) {
-        const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + kk / 2), r.off, 1);
-        float* dst = panel + kk * kGemmNR + 8 * h;
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          const __m256i code = _mm256_and_si256(_mm256_srli_epi32(v, 4 * i), nib);
-          const __m256 mag = _mm256_permutevar8x32_ps(mags, code);
-          const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(code, signbit), 28));
-          _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(_mm256_or_ps(mag, sign), scale), r.keep));
-        }
-      }
-    }
-  }
+// Writes 8 values (one per row) to the panel, zeroing the rows past the end.
+template <bool kFull>
+inline void put8(float* dst, __m256 v, const Rows8& r) {
+  _mm256_storeu_ps(dst, kFull ? v : _mm256_and_ps(v, r.keep));
 }
 
-// FP8 the same way: one gather takes 4 codes of each of 8 rows; e4m3 is
-// decoded arithmetically (normal: the bits moved into an fp32 exponent;
-// subnormal: m · 2^-9; the NaN codes as the table has them).
-inline __m256 e4m3_decode(__m256i c, __m256i nan_pos, __m256i nan_neg) {
-  const __m256i a = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(a, 20), _mm256_set1_epi32(120 << 23));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, _mm256_set1_epi32(7))), _mm256_set1_ps(0x1p-9f));
-  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), a);
-  __m256i bits = _mm256_blendv_epi8(normal, _mm256_castps_si256(sub), is_sub);
-  bits = _mm256_or_si256(bits, sign);
-  const __m256i is_nan = _mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x7f));
-  const __m256i nan = _mm256_blendv_epi8(nan_pos, nan_neg, _mm256_cmpgt_epi32(sign, _mm256_set1_epi32(-1)) ^ _mm256_set1_epi32(-1));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, nan, is_nan));
+// The panel is written a 64-byte line of each weight row at a time, first
+// for rows 0-7, then 8-15: rows `in` bytes apart share L1 sets (4 KB
+// aliasing at in = 4096), and 16 rows read step by step would evict each
+// other's lines before they were used up; the panel lines written meanwhile
+// (a few KB) stay in L1 for the second half.
+//
+// FP4 needs no per-value transpose: with 4 bytes (8 values) of each of 8 rows
+// in one register, nibble n of every lane is panel row k + n. Magnitude from
+// the 8 positive codes (vpermps reads the low 3 bits), sign from bit 3 moved
+// to bit 31, times the row's power-of-two scale (exact, as in dequant_row).
+template <bool kFull>
+void panel_fp4_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
+  const __m256 mags = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  const __m256 signbit = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u)));
+  for (int64_t k0 = 0; k0 < w.in; k0 += 128)
+    for (int h = 0; h < 2; ++h)
+      for (int64_t k = k0; k < std::min(w.in, k0 + 128); k += 32) {
+        const __m256 scale = r[h].scales(k / 32);
+        __m256i v[4];
+        r[h].dwords4(k / 2, v);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 8
+          for (int n = 0; n < 8; ++n) {
+            const __m256 mag = _mm256_permutevar8x32_ps(mags, _mm256_srli_epi32(v[j], 4 * n));
+            const __m256 sign = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v[j], 28 - 4 * n)), signbit);
+            put8<kFull>(panel + (k + 8 * j + n) * kGemmNR + 8 * h, _mm256_mul_ps(_mm256_or_ps(mag, sign), scale), r[h]);
+          }
+      }
+}
+
+// FP8 the same way, 4 codes per lane. e4m3 is decoded from its bits: exponent
+// and mantissa moved into an fp32's (bits 20-26) read as a float are the
+// value times 2^-120 for every code, subnormals included (they become fp32
+// subnormals), so one exact multiply by 2^120 gives it. The two NaN codes
+// (0x7f, 0xff) take the table's NaNs; they are looked for once per 16 codes
+// of the 8 rows, and only such a step pays for the blend.
+template <bool kFull, bool kNaN>
+inline void fp8_step(const __m256i (&v)[4], __m256 scale, const Rows8& r, float* dst) {
+  const __m256i em = _mm256_set1_epi32(0x7f << 20), sm = _mm256_set1_epi32(int32_t(0x80000000u));
+  const __m256 p120 = _mm256_set1_ps(0x1p120f);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      // Byte i: bits 0-6 to 20-26, bit 7 to 31.
+      const __m256i e = _mm256_and_si256(i <= 2 ? _mm256_slli_epi32(v[j], 20 - 8 * i) : _mm256_srli_epi32(v[j], 4), em);
+      const __m256i sgn = _mm256_and_si256(_mm256_slli_epi32(v[j], 24 - 8 * i), sm);
+      __m256 y = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(e, sgn)), p120);
+      if constexpr (kNaN) {
+        const __m256 nan = _mm256_blendv_ps(_mm256_set1_ps(e4m3_table()[0x7f]), _mm256_set1_ps(e4m3_table()[0xff]),
+                                            _mm256_castsi256_ps(sgn));
+        y = _mm256_blendv_ps(y, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, em)));
+      }
+      put8<kFull>(dst + (4 * j + i) * kGemmNR, _mm256_mul_ps(y, scale), r);
+    }
+}
+
+template <bool kFull>
+void panel_fp8_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
+  const int64_t B = w.block;
+  const __m256i ones = _mm256_set1_epi8(-1), top = _mm256_set1_epi8(char(0x80));
+  for (int64_t k0 = 0; k0 < w.in; k0 += 64)
+    for (int h = 0; h < 2; ++h) {
+      __m256 scale = r[h].scales(k0 / B);
+      for (int64_t k = k0; k < std::min(w.in, k0 + 64); k += 16) {
+        if (k % B == 0) scale = r[h].scales(k / B);
+        __m256i v[4], nan = _mm256_setzero_si256();
+        r[h].dwords4(k, v);
+        for (int j = 0; j < 4; ++j) nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_or_si256(v[j], top), ones));
+        float* dst = panel + k * kGemmNR + 8 * h;
+        if (_mm256_testz_si256(nan, nan))
+          fp8_step<kFull, false>(v, scale, r[h], dst);
+        else
+          fp8_step<kFull, true>(v, scale, r[h], dst);
+      }
+    }
+}
+
+void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  const Rows8 r[2] = {Rows8(w, o0, o_end, w.in / 2, w.in / 32, 1, o0), Rows8(w, o0 + 8, o_end, w.in / 2, w.in / 32, 1, o0)};
+  if (o0 + 16 <= o_end)
+    panel_fp4_rows16<true>(w, r, panel);
+  else
+    panel_fp4_rows16<false>(w, r, panel);
 }
 
 void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const int64_t in = w.in, B = w.block, scols = (in + B - 1) / B;
-  uint32_t np, nn;
-  std::memcpy(&np, e4m3_table() + 0x7f, 4);
-  std::memcpy(&nn, e4m3_table() + 0xff, 4);
-  const __m256i nan_pos = _mm256_set1_epi32(int32_t(np)), nan_neg = _mm256_set1_epi32(int32_t(nn));
-  for (int h = 0; h < 2; ++h) {
-    const Rows8 r(o0 + 8 * h, o_end, in, o0);
-    const uint8_t* base = w.data + o0 * in;
-    __m256 scale = _mm256_setzero_ps();
-    for (int64_t k = 0; k < in; k += 4) {
-      if (k % B == 0) {
-        alignas(32) float sc[8];
-        for (int i = 0; i < 8; ++i) sc[i] = e8m0_to_f32(w.scale[(r.row[i] / B) * scols + k / B]);
-        scale = _mm256_load_ps(sc);
-      }
-      const __m256i v = _mm256_i32gather_epi32(reinterpret_cast<const int*>(base + k), r.off, 1);
-      float* dst = panel + k * kGemmNR + 8 * h;
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m256i code = _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xff));
-        _mm256_storeu_ps(dst + i * kGemmNR, _mm256_and_ps(_mm256_mul_ps(e4m3_decode(code, nan_pos, nan_neg), scale), r.keep));
-      }
-    }
-  }
+  const int64_t scols = (w.in + w.block - 1) / w.block;
+  const Rows8 r[2] = {Rows8(w, o0, o_end, w.in, scols, w.block, o0), Rows8(w, o0 + 8, o_end, w.in, scols, w.block, o0)};
+  if (o0 + 16 <= o_end)
+    panel_fp8_rows16<true>(w, r, panel);
+  else
+    panel_fp8_rows16<false>(w, r, panel);
 }
 
 }  // namespace
 
 void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
-  // The 8-wide paths need whole groups of 8 inside one scale block.
-  if (in % 8 != 0 || (kind == Kind::kFP8 && block % 4 != 0)) return dequant_panel_reference(o0, o_end, panel);
+  // The 8-wide paths read rows 16 bytes at a time: whole groups of 8 values
+  // (F32, BF16), 32 (FP4, its scale block) or 16 inside one scale block (FP8).
+  if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
+    return dequant_panel_reference(o0, o_end, panel);
   switch (kind) {
     case Kind::kF32: return panel_rows8<Kind::kF32>(*this, o0, o_end, panel);
     case Kind::kBF16: return panel_rows8<Kind::kBF16>(*this, o0, o_end, panel);
