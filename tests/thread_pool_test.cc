@@ -1,5 +1,6 @@
-// The thread pool: every index once, and an exception thrown by a chunk
-// reaches the caller instead of ending the process.
+// The thread pool: every index once, a parallel_for inside a job runs inline
+// (no deadlock), and an exception thrown by a chunk reaches the caller
+// instead of ending the process.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,6 +19,25 @@ TEST(ThreadPool, EveryIndexOnce) {
     for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
   });
   for (int h : hits) EXPECT_EQ(h, 1);
+}
+
+TEST(ThreadPool, NestedParallelForRunsInlineOnTheCallingWorker) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<int> hits(64 * 100, 0);
+    std::atomic<int> mismatched{0}, whole{0};
+    pool.parallel_for(64, [&](int64_t b, int64_t e, int outer) {
+      for (int64_t i = b; i < e; ++i)
+        pool.parallel_for(100, [&](int64_t ib, int64_t ie, int inner) {
+          if (inner != outer) ++mismatched;
+          if (ib == 0 && ie == 100) ++whole;
+          for (int64_t j = ib; j < ie; ++j) ++hits[size_t(i * 100 + j)];
+        });
+    });
+    for (int h : hits) EXPECT_EQ(h, 1);
+    EXPECT_EQ(mismatched.load(), 0) << threads << " threads";
+    EXPECT_EQ(whole.load(), 64) << threads << " threads";
+  }
 }
 
 TEST(ThreadPool, ExceptionReachesTheCallerAndThePoolStaysUsable) {

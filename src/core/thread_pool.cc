@@ -8,6 +8,15 @@ namespace dsv4 {
 
 namespace {
 int g_requested_threads = 0;
+// The worker id of the job this thread is running, -1 outside any job: a
+// parallel_for called from inside a job runs inline on the calling thread
+// (the pool's workers are busy with the outer job, and waiting for them
+// there would deadlock).
+thread_local int tl_worker = -1;
+struct InJob {
+  explicit InJob(int id) { tl_worker = id; }
+  ~InJob() { tl_worker = -1; }
+};
 std::unique_ptr<ThreadPool> g_pool;
 std::mutex g_pool_mu;
 }  // namespace
@@ -48,7 +57,12 @@ void ThreadPool::worker_loop(int id) {
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t min_chunk) {
   if (n <= 0) return;
   int64_t threads = size();
+  if (tl_worker >= 0) {
+    fn(0, n, tl_worker);
+    return;
+  }
   if (threads == 1 || n <= min_chunk) {
+    InJob in_job(0);
     fn(0, n, 0);
     return;
   }
@@ -83,6 +97,7 @@ void ThreadPool::run_chunks(const std::function<void(int64_t, int64_t, int)>& fn
     }
     if (b >= n_) return;
     try {
+      InJob in_job(id);
       fn(b, e, id);
     } catch (...) {
       std::lock_guard<std::mutex> l(mu_);

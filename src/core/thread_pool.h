@@ -23,7 +23,8 @@ class ThreadPool {
   // Calls fn(begin, end, worker) on disjoint chunks covering [0, n); blocks
   // until all are done. The calling thread takes part as worker 0. If fn
   // throws, no further chunks are started, the running ones finish, and the
-  // first exception is rethrown here; the pool stays usable.
+  // first exception is rethrown here; the pool stays usable. Called from
+  // inside a job (nested), it runs fn(0, n, id) inline on that thread.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t min_chunk = 1);
 
   // The process-wide pool (created on first use with set_threads' count, or
