@@ -338,6 +338,13 @@ LinearOpts quant_linear_opts(int act_block, bool pow2) {
   return o;
 }
 
+void act_quant_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const LinearOpts& opts, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    std::copy(x + m * ldx, x + m * ldx + K, out + m * K);
+    q8_inplace(out + m * K, size_t(K), size_t(opts.act_block), opts.act_pow2);
+  }
+}
+
 void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOpts& opts, int64_t row_begin,
             int64_t row_end, int64_t ldx, int64_t ldy) {
   if (row_end < 0) row_end = w.out;
@@ -347,10 +354,7 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   std::vector<float> xq;
   if (opts.act_quant) {
     xq.resize(size_t(M * K));
-    for (int64_t m = 0; m < M; ++m) {
-      std::copy(x + m * ldx, x + m * ldx + K, xq.begin() + m * K);
-      q8_inplace(xq.data() + m * K, size_t(K), size_t(opts.act_block), opts.act_pow2);
-    }
+    act_quant_rows(x, M, K, ldx, opts, xq.data());
     x = xq.data();
     ldx = K;
   }

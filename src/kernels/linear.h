@@ -44,6 +44,10 @@ struct LinearOpts {
 void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOpts& opts,
             int64_t row_begin = 0, int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1);
 
+// out[m][·] = x row m FP8-quantised as linear does with opts.act_quant (rows
+// of K values, x with stride ldx, out dense): for several linears of one input.
+void act_quant_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const LinearOpts& opts, float* out);
+
 // Options for the FP8/FP4 linears of MODEL.md §3 (activation FP8, bf16 out).
 LinearOpts quant_linear_opts(int act_block, bool pow2);
 

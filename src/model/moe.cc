@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/formats.h"
+#include "core/thread_pool.h"
 #include "kernels/topk.h"
 
 namespace dsv4 {
@@ -64,9 +65,13 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
                     float* y) {
   const int64_t I = c.moe_intermediate_size;
   const LinearOpts q = quant_linear_opts(c.weight_block_size, c.scale_pow2);
-  std::vector<float> g(size_t(m * I)), u(size_t(m * I));
-  linear(e.w1, x, m, g.data(), q);
-  linear(e.w3, x, m, u.data(), q);
+  // w1 and w3 read the same FP8-quantised rows: quantised once.
+  std::vector<float> xq(size_t(m * c.hidden_size)), g(size_t(m * I)), u(size_t(m * I));
+  act_quant_rows(x, m, c.hidden_size, c.hidden_size, q, xq.data());
+  LinearOpts q_in = q;
+  q_in.act_quant = false;
+  linear(e.w1, xq.data(), m, g.data(), q_in);
+  linear(e.w3, xq.data(), m, u.data(), q_in);
   const float L = c.swiglu_limit;
   for (int64_t r = 0; r < m; ++r)
     for (int64_t i = 0; i < I; ++i) {
@@ -87,21 +92,31 @@ void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* c
   const int64_t D = c.hidden_size, E = c.n_routed_experts;
   std::vector<std::vector<int64_t>> pairs_of(static_cast<size_t>(E));
   for (int64_t j = 0; j < n_pairs; ++j) pairs_of[size_t(expert[j])].push_back(j);
-  std::vector<float> xe, we, ye;
-  for (int64_t e = 0; e < E; ++e) {
+  // Whole experts run in parallel (their linears then run inline, nested),
+  // so the row gathers, activation quantisation and SwiGLU of one expert run
+  // beside another expert's instead of between parallel GEMMs. Largest
+  // first, so that the last chunks of the pool are the smallest. Each
+  // expert writes only its own pairs' rows: the order decides nothing else.
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (!pairs_of[size_t(e)].empty()) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return pairs_of[size_t(a)].size() > pairs_of[size_t(b)].size(); });
+  parallel_for_each(int64_t(order.size()), [&](int64_t i) {
+    const int64_t e = order[size_t(i)];
     const auto& pairs = pairs_of[size_t(e)];
-    if (pairs.empty()) continue;
     const int64_t m = int64_t(pairs.size());
+    thread_local std::vector<float> xe, we, ye;
     xe.resize(size_t(m * D));
     we.resize(static_cast<size_t>(m));
     ye.resize(size_t(m * D));
-    for (int64_t i = 0; i < m; ++i) {
-      std::copy(x_rows[pairs[size_t(i)]], x_rows[pairs[size_t(i)]] + D, xe.begin() + i * D);
-      we[size_t(i)] = weight[pairs[size_t(i)]];
+    for (int64_t r = 0; r < m; ++r) {
+      std::copy(x_rows[pairs[size_t(r)]], x_rows[pairs[size_t(r)]] + D, xe.begin() + r * D);
+      we[size_t(r)] = weight[pairs[size_t(r)]];
     }
     expert_forward(w.experts[size_t(e)], c, xe.data(), m, we.data(), ye.data());
-    for (int64_t i = 0; i < m; ++i) std::copy(ye.begin() + i * D, ye.begin() + (i + 1) * D, y + pairs[size_t(i)] * D);
-  }
+    for (int64_t r = 0; r < m; ++r) std::copy(ye.begin() + r * D, ye.begin() + (r + 1) * D, y + pairs[size_t(r)] * D);
+  });
 }
 
 void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
