@@ -339,10 +339,10 @@ LinearOpts quant_linear_opts(int act_block, bool pow2) {
 }
 
 void act_quant_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const LinearOpts& opts, float* out) {
-  for (int64_t m = 0; m < M; ++m) {
+  parallel_for_each(M, [&](int64_t m) {
     std::copy(x + m * ldx, x + m * ldx + K, out + m * K);
     q8_inplace(out + m * K, size_t(K), size_t(opts.act_block), opts.act_pow2);
-  }
+  });
 }
 
 void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOpts& opts, int64_t row_begin,

@@ -73,7 +73,7 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
   linear(e.w1, xq.data(), m, g.data(), q_in);
   linear(e.w3, xq.data(), m, u.data(), q_in);
   const float L = c.swiglu_limit;
-  for (int64_t r = 0; r < m; ++r)
+  parallel_for_each(m, [&](int64_t r) {
     for (int64_t i = 0; i < I; ++i) {
       float gv = g[size_t(r * I + i)], uv = u[size_t(r * I + i)];
       if (L > 0) {
@@ -84,6 +84,7 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
       if (row_weight) h *= row_weight[r];
       g[size_t(r * I + i)] = bf16r(h);
     }
+  });
   linear(e.w2, g.data(), m, y, q);
 }
 
@@ -138,12 +139,13 @@ void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const flo
   if (n == 0) return;
   std::vector<float> ys(size_t(n * D));
   expert_forward(w.shared, c, x, n, nullptr, ys.data());
-  for (int64_t t = 0; t < n; ++t)
+  parallel_for_each(n, [&](int64_t t) {
     for (int64_t ch = 0; ch < D; ++ch) {
       float s = 0.f;
       for (int64_t j = 0; j < k; ++j) s += y_routed[size_t((t * k + j) * D + ch)];
       out[t * D + ch] = bf16r(s + ys[size_t(t * D + ch)]);
     }
+  });
 }
 
 }  // namespace dsv4
