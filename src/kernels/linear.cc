@@ -246,7 +246,7 @@ void panel_fp8_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
     for (int h = 0; h < 2; ++h) {
       __m256 scale = r[h].scales(k0 / B);
       for (int64_t k = k0; k < std::min(w.in, k0 + 64); k += 16) {
-        if (k % B == 0) scale = r[h].scales(k / B);
+        if (k != k0 && k % B == 0) scale = r[h].scales(k / B);
         __m256i v[4], nan = _mm256_setzero_si256();
         r[h].dwords4(k, v);
         for (int j = 0; j < 4; ++j) nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_or_si256(v[j], top), ones));
