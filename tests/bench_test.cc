@@ -2,6 +2,8 @@
 // logits checksums that do not change across runs or thread counts.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -85,6 +87,13 @@ TEST(Bench, JsonFieldsAndDeterministicChecksums) {
   EXPECT_EQ(checksums(a), checksums(b));
   EXPECT_EQ(checksums(a), checksums(c));
   EXPECT_EQ(c.at("threads").get<int>(), 1);
+
+  // The scalar GEMM kernels (DSV4_ISA, core/cpu.h) change the speed only.
+  ::setenv("DSV4_ISA", "scalar", 1);
+  const json d = bench_json("--threads 2");
+  ::unsetenv("DSV4_ISA");
+  EXPECT_EQ(d.at("kernel_isa").get<std::string>(), "scalar");
+  EXPECT_EQ(checksums(a), checksums(d));
 }
 
 TEST(Bench, BadOptionsFailCleanly) {
@@ -95,6 +104,12 @@ TEST(Bench, BadOptionsFailCleanly) {
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("dsv4: error:"), std::string::npos) << args << "\n" << r.output;
   }
+  ::setenv("DSV4_ISA", "sse9", 1);
+  auto r = run_dsv4("bench --preset tiny --tokens 16");
+  ::unsetenv("DSV4_ISA");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("dsv4: error: DSV4_ISA: expected scalar, avx2 or avx512, got 'sse9'"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/linear.h"
@@ -15,7 +17,9 @@
 namespace dsv4 {
 namespace {
 
+// Every kernel variant the CPU runs (core/cpu.h), each thread count.
 TEST(Gemm, FastEqualsReferenceBitwise) {
+  const Isa best = kernel_isa();
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
   for (auto [M, K, N] : {std::array<int64_t, 3>{1, 1, 1}, {3, 17, 5}, {4, 64, 16}, {7, 100, 33},
@@ -28,15 +32,43 @@ TEST(Gemm, FastEqualsReferenceBitwise) {
     for (bool bf16 : {false, true}) {
       std::vector<float> ref(size_t(M * N)), fast(size_t(M * N));
       gemm_reference(A.data(), K, M, K, N, load, GemmOut{ref.data(), N, bf16});
-      for (int threads : {1, 2, 3}) {
-        ThreadPool::set_threads(threads);
-        std::fill(fast.begin(), fast.end(), -1.f);
-        gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, bf16});
-        EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
-            << M << "x" << K << "x" << N << " threads " << threads;
+      for (Isa isa : supported_isas()) {
+        set_kernel_isa(isa);
+        for (int threads : {1, 2, 3}) {
+          ThreadPool::set_threads(threads);
+          std::fill(fast.begin(), fast.end(), -1.f);
+          gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, bf16});
+          EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
+              << M << "x" << K << "x" << N << " " << isa_name(isa) << " threads " << threads;
+        }
       }
+      set_kernel_isa(best);
       ThreadPool::set_threads(0);
     }
+  }
+}
+
+TEST(Gemm, KernelVariantChoice) {
+  const std::vector<Isa> have = supported_isas();
+  ASSERT_FALSE(have.empty());
+  EXPECT_EQ(have.front(), Isa::kScalar);
+  EXPECT_EQ(kernel_isa(), have.back()) << "the fastest variant by default";
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) EXPECT_EQ(parse_isa(isa_name(isa), "DSV4_ISA"), isa);
+  try {
+    parse_isa("sse2", "DSV4_ISA");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DSV4_ISA: expected scalar, avx2 or avx512, got 'sse2'"), std::string::npos)
+        << e.what();
+  }
+  if (have.back() != Isa::kAvx512) {
+    try {
+      set_kernel_isa(Isa::kAvx512);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'avx512' is not supported"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(kernel_isa(), have.back()) << "a refused choice leaves the variant as it was";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/prefill.h"
@@ -93,6 +94,28 @@ TEST(Threads, BitwiseIdenticalAcrossThreadCounts) {
     EXPECT_TRUE(same_bits(one.result.logits, r->result.logits));
     EXPECT_TRUE(same_bits(one.result.hidden, r->result.hidden));
     EXPECT_EQ(one.cache, r->cache);
+  }
+}
+
+// core/cpu.h: every kernel variant this CPU runs (scalar, AVX2, AVX-512)
+// gives the bits of every other, end to end.
+TEST(KernelVariants, BitwiseIdenticalAcrossInstructionSets) {
+  const Model& m = tiny_model();
+  auto tokens = prompt(300, m.config.vocab_size);
+  const Isa best = kernel_isa();
+  std::vector<std::pair<Isa, Outcome>> runs;
+  for (Isa isa : supported_isas()) {
+    set_kernel_isa(isa);
+    runs.emplace_back(isa, run(m, tokens, 64));
+  }
+  set_kernel_isa(best);
+  ASSERT_GE(runs.size(), 2u) << "the scalar variant and at least one vector variant";
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const Outcome& a = runs[0].second;
+    const Outcome& b = runs[i].second;
+    EXPECT_TRUE(same_bits(a.result.logits, b.result.logits)) << isa_name(runs[i].first);
+    EXPECT_TRUE(same_bits(a.result.hidden, b.result.hidden)) << isa_name(runs[i].first);
+    EXPECT_EQ(a.cache, b.cache) << isa_name(runs[i].first);
   }
 }
 

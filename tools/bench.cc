@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/peak.h"
@@ -600,6 +601,7 @@ int run_bench(const BenchOptions& o) {
     j["threads"] = threads;
     j["tile_tokens"] = o.tile_tokens;
     j["chunk_tokens"] = o.chunk_tokens;
+    j["kernel_isa"] = isa_name(kernel_isa());
     j["peak_gflops"] = peak_gflops;
     j["peak"] = {{"method", peak.method},
                  {"fma_gflops", peak.fma_gflops},
@@ -651,8 +653,8 @@ int run_bench(const BenchOptions& o) {
   std::printf("model: %s\n  %d layers, hidden %d, %d routed experts, vocab %d; %.2f GB; loaded in %.2f s\n",
               source.c_str(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, cfg.vocab_size,
               double(model->checkpoint.total_bytes()) / 1e9, load_s);
-  std::printf("threads: %d, tile_tokens: %lld, chunk_tokens: %lld\n\n", threads, (long long)o.tile_tokens,
-              (long long)o.chunk_tokens);
+  std::printf("threads: %d, tile_tokens: %lld, chunk_tokens: %lld, GEMM kernels: %s\n\n", threads,
+              (long long)o.tile_tokens, (long long)o.chunk_tokens, isa_name(kernel_isa()));
   std::printf("peak: %.1f GFLOP/s on %d threads (start %.1f, end %.1f; %.1f on one thread)\n  %s\n",
               peak.fma_gflops, peak.threads, peak_start, peak_end, peak.fma_gflops_1thread, peak.method.c_str());
   std::printf("  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n\n", peak.bf16_dot_gflops);

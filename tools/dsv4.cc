@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/stage_timer.h"
 #include "core/thread_pool.h"
@@ -149,6 +150,9 @@ commands:
 
 Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage
 (projections, compressors, indexer, attention, gate, experts, hc, head).
+DSV4_ISA=scalar|avx2|avx512 picks the GEMM kernel variant (default: the
+fastest this CPU runs); every variant gives the same bits, only the speed
+differs.
 
 Errors in input (files, config, prompt) print one line and exit with code 2.
 )";
@@ -1022,6 +1026,7 @@ int main(int argc, char** argv) {
   };
   try {
     Args a = parse_args(argc, argv);
+    if (const char* isa = std::getenv("DSV4_ISA")) set_kernel_isa(parse_isa(isa, "DSV4_ISA"));
     if ((a.command == "prefill" || a.command == "bench") && dist::launched_by_mpi()) dist::init();
     if (a.command.empty() || a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kHelp, stdout);

@@ -1,10 +1,11 @@
 // The machine's measured arithmetic peak, for `dsv4 bench` (PREFILL.md §5:
 // achieved GEMM FLOP/s against the measured peak).
 //
-// The target machines have AVX2 + FMA and no AVX-512 (so no native BF16
-// dot-product instructions): a BF16 product runs as bf16 -> fp32 conversion
-// plus fp32 FMA. The peak that bounds it is therefore the fp32 FMA
-// throughput, measured here with many independent accumulator chains in
+// The engine computes a BF16 product as bf16 -> fp32 conversion plus fp32
+// FMA on every machine (core/cpu.h: BF16 dot-product instructions would
+// change the rounding). The peak that bounds it is therefore the fp32 FMA
+// throughput of the widest vectors the CPU has (AVX-512 where present, else
+// AVX2), measured here with many independent accumulator chains in
 // registers on every thread of a ThreadPool. A second number, a BF16 dot
 // product over L1-resident data (convert, then FMA), shows what the
 // conversion costs when it sits in the inner loop.

@@ -10,84 +10,63 @@
 #define DSV4_GEMM_AVX2 1
 #endif
 
+#include "core/cpu.h"
 #include "core/formats.h"
 #include "core/thread_pool.h"
+#include "kernels/gemm_micro.h"
 
 namespace dsv4 {
 
 namespace {
 
 constexpr int NR = kGemmNR;
-constexpr int MR = 6;         // A rows per micro-tile: 12 accumulators + 2 B + 1 A of 16 ymm registers
 constexpr int64_t KC = 1024;  // k per block (measured: 256 → 1024 gave +3%; the sub-panels stream from L2)
 constexpr int64_t GP = 4;     // panels per task: an A micro-panel is reused GP times from L1
-// A rows per chunk. A task's partial sums are MC × GP·16 floats (48 KB); with
-// the KC × GP·16 B sub-block (256 KB) they stay in a 512 KB L2. Without the
-// chunks the partial sums of all M rows (512 KB at M = 2048) pushed the
-// sub-block out of L2 and large-M products fell to ~55% of peak.
-constexpr int64_t MC = 32 * MR;
+// Micro-tiles per chunk of A rows. A task's partial sums are MC × GP·16
+// floats (48 KB with AVX2's 6-row tiles); with the KC × GP·16 B sub-block
+// (256 KB) they stay in a 512 KB L2. Without the chunks the partial sums of
+// all M rows (512 KB at M = 2048) pushed the sub-block out of L2 and
+// large-M products fell to ~55% of peak.
+constexpr int64_t kTilesPerChunk = 32;
 
-// C[R][16] (row stride ldc, fp32 partial sums) continues its FMA chains over
-// kc more k: C = fma(A[r][k], P[k][j], C) in ascending k. A is read in place
-// (row stride lda): the R rows are R sequential streams, which the hardware
-// prefetches as well as a packed copy, and packing cost a full pass over A.
-// `first`: the chains start here from 0. Splitting K into blocks keeps every
-// chain one chain: the fp32 partial sum is stored and reloaded exactly.
+// The portable variant (and the one tests compare the others with).
+struct Scalar {
+  using T = float;
+  static constexpr int kLanes = 1, kRows = 4;
+  static T zero() { return 0.f; }
+  static T load(const float* p) { return *p; }
+  static void store(float* p, T v) { *p = v; }
+  static T broadcast(const float* p) { return *p; }
+  static T fma(T a, T b, T c) { return std::fma(a, b, c); }
+};
+
 #ifdef DSV4_GEMM_AVX2
-// The loops over r are unrolled so that the accumulators live in registers.
-template <int R>
-void micro_avx2(const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc, bool first) {
-  __m256 c0[R], c1[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(C + r * ldc);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(C + r * ldc + 8);
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(P + k * NR), b1 = _mm256_loadu_ps(P + k * NR + 8);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(A + r * lda + k);
-      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(C + r * ldc, c0[r]);
-    _mm256_storeu_ps(C + r * ldc + 8, c1[r]);
-  }
-}
+// 6 rows: 12 accumulators + 2 panel vectors + 1 broadcast of 16 registers.
+struct Ymm {
+  using T = __m256;
+  static constexpr int kLanes = 8, kRows = 6;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+};
 #endif
 
-template <int R>
-void micro_scalar(const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc, bool first) {
-  for (int r = 0; r < R; ++r) {
-    float* c = C + r * ldc;
-    if (first) std::fill(c, c + NR, 0.f);
-    for (int64_t k = 0; k < kc; ++k)
-      for (int j = 0; j < NR; ++j) c[j] = std::fma(A[r * lda + k], P[k * NR + j], c[j]);
-  }
-}
+struct MicroKernel {
+  int mr;  // A rows per micro-tile
+  GemmMicroRows rows;
+};
 
-template <int R>
-void micro(const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc, bool first) {
+MicroKernel micro_kernel(Isa isa) {
+  switch (isa) {
 #ifdef DSV4_GEMM_AVX2
-  micro_avx2<R>(A, lda, P, kc, C, ldc, first);
-#else
-  micro_scalar<R>(A, lda, P, kc, C, ldc, first);
+    case Isa::kAvx2: return {Ymm::kRows, micro_rows<Ymm>};
 #endif
-}
-
-void micro_rows(int rows, const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc,
-                bool first) {
-  switch (rows) {
-    case 6: micro<6>(A, lda, P, kc, C, ldc, first); break;
-    case 5: micro<5>(A, lda, P, kc, C, ldc, first); break;
-    case 4: micro<4>(A, lda, P, kc, C, ldc, first); break;
-    case 3: micro<3>(A, lda, P, kc, C, ldc, first); break;
-    case 2: micro<2>(A, lda, P, kc, C, ldc, first); break;
-    default: micro<1>(A, lda, P, kc, C, ldc, first); break;
+#ifdef DSV4_HAVE_AVX512_KERNELS
+    case Isa::kAvx512: return {kGemmMRAvx512, gemm_micro_rows_avx512};
+#endif
+    default: return {Scalar::kRows, micro_rows<Scalar>};
   }
 }
 
@@ -107,6 +86,8 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   // OpenBLAS: 2048×1024×4096 0.89–0.91x → 0.93–0.97x. Slices shorter than two
   // chunks cost more in decoding and thin tasks than they save (2048×4096×4096:
   // 0.85–0.92x → 0.80–0.85x), so K above ~1360 is left whole.
+  const MicroKernel mk = micro_kernel(kernel_isa());
+  const int64_t MR = mk.mr, MC = kTilesPerChunk * MR;
   const int64_t MS = (int64_t(2) << 20) / (K * 4);
   if (N >= 2048 && MS >= 2 * MC && M > MS && M * K * 4 > (int64_t(4) << 20)) {
     for (int64_t m0 = 0; m0 < M; m0 += MS)
@@ -134,7 +115,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
             const int rows = int(std::min<int64_t>(MR, mc - i));
             const float* a = A + (m0 + i) * lda + k0;
             for (int64_t g = 0; g < np; ++g)
-              micro_rows(rows, a, lda, B.data() + g * K * NR + k0 * NR, kc, C.data() + i * ldc + g * NR, ldc,
+              mk.rows(rows, a, lda, B.data() + g * K * NR + k0 * NR, kc, C.data() + i * ldc + g * NR, ldc,
                          k0 == 0);
           }
         }

@@ -1,0 +1,75 @@
+#include "core/cpu.h"
+
+#include <atomic>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+namespace {
+
+bool cpu_has(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+    // __builtin_cpu_supports also checks that the OS saves the vector
+    // registers (XCR0), so a feature the kernel hides reads as absent.
+    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#ifdef DSV4_HAVE_AVX512_KERNELS
+    case Isa::kAvx512: return __builtin_cpu_supports("avx512f");
+#else
+    case Isa::kAvx512: return false;
+#endif
+#else
+    default: return false;
+#endif
+  }
+  return false;
+}
+
+std::atomic<int> g_isa{-1};  // -1: not chosen yet
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> r;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (cpu_has(isa)) r.push_back(isa);
+  return r;
+}
+
+Isa kernel_isa() {
+  int v = g_isa.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = int(supported_isas().back());
+    g_isa.store(v, std::memory_order_relaxed);
+  }
+  return Isa(v);
+}
+
+void set_kernel_isa(Isa isa) {
+  if (!cpu_has(isa)) {
+    std::string have;
+    for (Isa i : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(i);
+    throw Error(std::string("kernel variant '") + isa_name(isa) + "' is not supported by this CPU or build (supported: " +
+                have + ")");
+  }
+  g_isa.store(int(isa), std::memory_order_relaxed);
+}
+
+Isa parse_isa(const std::string& s, const std::string& what) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (s == isa_name(isa)) return isa;
+  throw Error(what + ": expected scalar, avx2 or avx512, got '" + s + "'");
+}
+
+}  // namespace dsv4
