@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "core/formats.h"
@@ -242,6 +244,37 @@ TEST(Q8, HandCheckedBlocks) {
   x = {0.123f, -7.77f, 300.f, 1e-3f};
   q8_inplace(x.data(), x.size(), 4);
   for (float v : x) EXPECT_EQ(bf16r(v), v);
+}
+
+// The vectorised q8 against its definition: random magnitudes over many
+// binades (e4m3 subnormals after scaling included), exact ties, blocks of
+// 64 and 128 with a short last block, both scale kinds, and blocks holding
+// NaN or infinity (these take the reference path).
+TEST(Q8, FastEqualsReferenceBitwise) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> binade(-30, 12);
+  for (size_t block : {size_t(64), size_t(128), size_t(40)}) {
+    for (bool pow2 : {true, false}) {
+      std::vector<float> x(1000);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * std::ldexp(1.f, binade(rng));
+      // Ties: midpoints of the e4m3 grid at scale 1 (block amax 448).
+      for (size_t i = 0; i < 64; ++i) x[i] = (i % 2 ? -1.f : 1.f) * (1.f + (2 * float(i % 8) + 1) / 16.f);
+      x[10] = 448.f;
+      x[300] = std::numeric_limits<float>::quiet_NaN();
+      x[700] = -std::numeric_limits<float>::infinity();
+      for (size_t i = 800; i < 900; ++i) x[i] = std::ldexp(nd(rng), -140);  // fp32 subnormals
+      std::vector<float> fast = x, ref = x;
+      q8_inplace(fast.data(), fast.size(), block, pow2);
+      q8_inplace_reference(ref.data(), ref.size(), block, pow2);
+      for (size_t i = 0; i < x.size(); ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &fast[i], 4);
+        std::memcpy(&b, &ref[i], 4);
+        ASSERT_EQ(a, b) << "block " << block << " pow2 " << pow2 << " i " << i << " x " << x[i];
+      }
+    }
+  }
 }
 
 TEST(Q4, HandCheckedBlocks) {

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <array>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace dsv4 {
 
 void bf16r_inplace(float* x, size_t n) {
@@ -52,21 +56,73 @@ uint8_t f32_to_e4m3(float f) {
   return sign | uint8_t(exp_field << 3) | uint8_t(qi - 8);
 }
 
+namespace {
+
+float q8_scale(float amax, bool pow2) {
+  return pow2 ? fp8_pow2_scale(amax) : (amax > 1e-4f ? amax : 1e-4f) / 448.0f;
+}
+
+// One block as the definition reads: scale, clamp, round to e4m3, rescale.
+void q8_block_reference(float* x, size_t n, bool pow2) {
+  float amax = 0.f;
+  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = q8_scale(amax, pow2);
+  for (size_t i = 0; i < n; ++i) {
+    float v = std::clamp(x[i] / s, -448.0f, 448.0f);
+    x[i] = kTable[f32_to_e4m3(v)] * s;
+  }
+}
+
+#ifdef __AVX2__
+// The same block 8 values at a time, for n a multiple of 8 and finite x
+// (returns false, touching nothing, otherwise). Rounding |v| to e4m3 is
+// (|v| + M) - M with M = 2^(e + 20), e = max(exponent of |v|, -6): the sum
+// lies in a binade whose ulp is the e4m3 step 2^(e - 3), so the addition
+// rounds to the grid, ties to even, and the subtraction is exact. After the
+// clamp |v| <= 448 is on or inside the grid's range, so nothing saturates.
+bool q8_block_avx2(float* x, size_t n, bool pow2) {
+  if (n % 8 != 0) return false;
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  __m256 amax = _mm256_setzero_ps();
+  __m256i nonfinite = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), abs_mask);
+    nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpgt_epi32(a, _mm256_sub_epi32(inf, _mm256_set1_epi32(1))));
+    amax = _mm256_max_ps(amax, _mm256_castsi256_ps(a));
+  }
+  if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
+  alignas(32) float m[8];
+  _mm256_store_ps(m, amax);
+  const float s = q8_scale(*std::max_element(m, m + 8), pow2);
+  const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+  const __m256i min_exp = _mm256_set1_epi32(121);  // biased exponent of 2^-6
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), lo), hi);
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i a = _mm256_and_si256(bits, abs_mask);
+    const __m256i e = _mm256_max_epi32(_mm256_srli_epi32(a, 23), min_exp);
+    const __m256 M = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(20)), 23));
+    const __m256 r = _mm256_sub_ps(_mm256_add_ps(_mm256_castsi256_ps(a), M), M);
+    const __m256i sign = _mm256_andnot_si256(abs_mask, bits);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(r), sign)), vs));
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+void q8_inplace_reference(float* x, size_t n, size_t block, bool pow2) {
+  for (size_t b0 = 0; b0 < n; b0 += block) q8_block_reference(x + b0, std::min(n, b0 + block) - b0, pow2);
+}
+
 void q8_inplace(float* x, size_t n, size_t block, bool pow2) {
   for (size_t b0 = 0; b0 < n; b0 += block) {
-    size_t b1 = std::min(n, b0 + block);
-    float amax = 0.f;
-    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    float s;
-    if (pow2) {
-      s = fp8_pow2_scale(amax);
-    } else {
-      s = (amax > 1e-4f ? amax : 1e-4f) / 448.0f;
-    }
-    for (size_t i = b0; i < b1; ++i) {
-      float v = std::clamp(x[i] / s, -448.0f, 448.0f);
-      x[i] = kTable[f32_to_e4m3(v)] * s;
-    }
+    const size_t len = std::min(n, b0 + block) - b0;
+#ifdef __AVX2__
+    if (q8_block_avx2(x + b0, len, pow2)) continue;
+#endif
+    q8_block_reference(x + b0, len, pow2);
   }
 }
 

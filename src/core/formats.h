@@ -82,7 +82,10 @@ inline float fp4_pow2_scale(float amax) {
 
 // q8(x, B): FP8 simulation in blocks of `block` contiguous elements (the last
 // block may be short). pow2=false uses amax/448 scales (scale_fmt != ue8m0).
+// Vectorised where the CPU allows; bitwise equal to q8_inplace_reference,
+// the plain definition (test Q8.FastEqualsReferenceBitwise).
 void q8_inplace(float* x, size_t n, size_t block, bool pow2 = true);
+void q8_inplace_reference(float* x, size_t n, size_t block, bool pow2 = true);
 // q4(x): FP4 simulation in blocks of 32.
 void q4_inplace(float* x, size_t n, size_t block = 32);
 
