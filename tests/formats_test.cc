@@ -174,6 +174,23 @@ TEST(BF16, RoundToNearestEven) {
   EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
 }
 
+// The vectorised bf16r_inplace against bf16r on random bit patterns (NaNs,
+// infinities and subnormals among them), exact ties, and a length that
+// leaves a scalar tail.
+TEST(BF16, RoundInplaceEqualsBf16r) {
+  std::mt19937 rng(17);
+  std::vector<float> x(1003);
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t u = uint32_t(rng());
+    if (i % 5 == 0) u = (u & 0xffff0000u) | 0x8000u;  // a tie
+    if (i % 97 == 0) u = (u & 0x80000000u) | 0x7f800000u | (u & 0x7fffffu);  // inf or NaN
+    x[i] = bits_f32(u);
+  }
+  std::vector<float> fast = x;
+  bf16r_inplace(fast.data(), fast.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(f32_bits(fast[i]), f32_bits(bf16r(x[i]))) << i;
+}
+
 TEST(CeilLog2, ExactFromBits) {
   for (int k = -126; k <= 127; ++k) {
     const float p = std::ldexp(1.f, k);

@@ -23,6 +23,7 @@ inline uint16_t f32_to_bf16(float f) {
 }
 // bf16(x): round an fp32 to the nearest bf16 value, kept as fp32.
 inline float bf16r(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// bf16r of every element (vectorised; test BF16.RoundInplaceEqualsBf16r).
 void bf16r_inplace(float* x, size_t n);
 
 // e4m3fn: bias 7, subnormals, max 448, 0x7f / 0xff are NaN, no infinities.

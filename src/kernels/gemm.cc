@@ -120,9 +120,9 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
           }
         }
         for (int64_t m = 0; m < mc; ++m) {
-          const float* acc = C.data() + m * ldc;
           float* c = out.c + (m0 + m) * out.ldc + n0;
-          for (int64_t j = 0; j < nc; ++j) c[j] = out.bf16 ? bf16r(acc[j]) : acc[j];
+          std::copy(C.data() + m * ldc, C.data() + m * ldc + nc, c);
+          if (out.bf16) bf16r_inplace(c, size_t(nc));
         }
       }
     }
