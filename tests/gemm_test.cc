@@ -136,59 +136,62 @@ TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
     // FP8 scale blocks other than Flash's 128: one shorter than a 64-code
     // step (16), one that does not divide it (48), one the 16-wide path
     // cannot take (40: the reference path).
-    const std::vector<int> blocks = kind == Weight::Kind::kFP8 ? std::vector<int>{128, 16, 48, 40} : std::vector<int>{128};
-    for (int block : blocks)
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}}) {
-      std::vector<uint8_t> data, scale;
-      switch (kind) {
-        case Weight::Kind::kF32: data.resize(size_t(out * in * 4)); break;
-        case Weight::Kind::kBF16: data.resize(size_t(out * in * 2)); break;
-        case Weight::Kind::kFP8:
-          data.resize(size_t(out * in));
-          scale.resize(size_t(((out + block - 1) / block) * ((in + block - 1) / block)));
-          break;
-        case Weight::Kind::kFP4:
-          data.resize(size_t(out * in / 2));
-          scale.resize(size_t(out * in / 32));
-          break;
-      }
-      for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(rng());
-      if (kind == Weight::Kind::kF32 || kind == Weight::Kind::kBF16) {
-        // Keep finite values: random float bit patterns would make NaNs.
-        std::normal_distribution<float> nd;
-        for (int64_t i = 0; i < out * in; ++i) {
-          const float v = nd(rng);
-          if (kind == Weight::Kind::kF32) {
-            std::memcpy(data.data() + 4 * i, &v, 4);
-          } else {
-            uint32_t b;
-            std::memcpy(&b, &v, 4);
-            const uint16_t h = uint16_t(b >> 16);
-            std::memcpy(data.data() + 2 * i, &h, 2);
-          }
+    const std::vector<int> blocks =
+        kind == Weight::Kind::kFP8 ? std::vector<int>{128, 16, 48, 40} : std::vector<int>{128};
+    for (int block : blocks) {
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}}) {
+        std::vector<uint8_t> data, scale;
+        switch (kind) {
+          case Weight::Kind::kF32: data.resize(size_t(out * in * 4)); break;
+          case Weight::Kind::kBF16: data.resize(size_t(out * in * 2)); break;
+          case Weight::Kind::kFP8:
+            data.resize(size_t(out * in));
+            scale.resize(size_t(((out + block - 1) / block) * ((in + block - 1) / block)));
+            break;
+          case Weight::Kind::kFP4:
+            data.resize(size_t(out * in / 2));
+            scale.resize(size_t(out * in / 32));
+            break;
         }
-      } else if (kind == Weight::Kind::kFP8) {
-        for (size_t i = 0; i < data.size() && i < 256; ++i) data[i] = uint8_t(i);  // every code, NaNs included
-      }
-      for (size_t i = 0; i < scale.size(); ++i) scale[i] = uint8_t(120 + rng() % 16);
-      // The ends of e8m0 too: 0 (2^-127, subnormal), 255 (inf), 2^127.
-      for (size_t i = 0; i < scale.size(); i += 7) scale[i] = std::array<uint8_t, 3>{0, 255, 254}[(i / 7) % 3];
-      Weight w;
-      w.kind = kind;
-      w.out = out;
-      w.in = in;
-      w.block = block;
-      w.data = data.data();
-      w.scale = scale.empty() ? nullptr : scale.data();
-      std::vector<float> fast(size_t(in * kGemmNR)), ref(size_t(in * kGemmNR));
-      for (int64_t o0 = 0; o0 < out; o0 += kGemmNR) {
-        const int64_t o_end = std::min<int64_t>(out, o0 + 13);  // also a cut inside a panel
-        for (int64_t end : {out, o_end}) {
-          std::fill(fast.begin(), fast.end(), -7.f);
-          w.dequant_panel(o0, end, fast.data());
-          w.dequant_panel_reference(o0, end, ref.data());
-          EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
-              << "kind " << int(kind) << " block " << block << " " << out << "x" << in << " o0 " << o0 << " end " << end;
+        for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(rng());
+        if (kind == Weight::Kind::kF32 || kind == Weight::Kind::kBF16) {
+          // Keep finite values: random float bit patterns would make NaNs.
+          std::normal_distribution<float> nd;
+          for (int64_t i = 0; i < out * in; ++i) {
+            const float v = nd(rng);
+            if (kind == Weight::Kind::kF32) {
+              std::memcpy(data.data() + 4 * i, &v, 4);
+            } else {
+              uint32_t b;
+              std::memcpy(&b, &v, 4);
+              const uint16_t h = uint16_t(b >> 16);
+              std::memcpy(data.data() + 2 * i, &h, 2);
+            }
+          }
+        } else if (kind == Weight::Kind::kFP8) {
+          for (size_t i = 0; i < data.size() && i < 256; ++i) data[i] = uint8_t(i);  // every code, NaNs included
+        }
+        for (size_t i = 0; i < scale.size(); ++i) scale[i] = uint8_t(120 + rng() % 16);
+        // The ends of e8m0 too: 0 (2^-127, subnormal), 255 (inf), 2^127.
+        for (size_t i = 0; i < scale.size(); i += 7) scale[i] = std::array<uint8_t, 3>{0, 255, 254}[(i / 7) % 3];
+        Weight w;
+        w.kind = kind;
+        w.out = out;
+        w.in = in;
+        w.block = block;
+        w.data = data.data();
+        w.scale = scale.empty() ? nullptr : scale.data();
+        std::vector<float> fast(size_t(in * kGemmNR)), ref(size_t(in * kGemmNR));
+        for (int64_t o0 = 0; o0 < out; o0 += kGemmNR) {
+          const int64_t o_end = std::min<int64_t>(out, o0 + 13);  // also a cut inside a panel
+          for (int64_t end : {out, o_end}) {
+            std::fill(fast.begin(), fast.end(), -7.f);
+            w.dequant_panel(o0, end, fast.data());
+            w.dequant_panel_reference(o0, end, ref.data());
+            EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
+                << "kind " << int(kind) << " block " << block << " " << out << "x" << in << " o0 " << o0
+                << " end " << end;
+          }
         }
       }
     }

@@ -60,8 +60,8 @@ void set_kernel_isa(Isa isa) {
   if (!cpu_has(isa)) {
     std::string have;
     for (Isa i : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(i);
-    throw Error(std::string("kernel variant '") + isa_name(isa) + "' is not supported by this CPU or build (supported: " +
-                have + ")");
+    throw Error(std::string("kernel variant '") + isa_name(isa) +
+                "' is not supported by this CPU or build (supported: " + have + ")");
   }
   g_isa.store(int(isa), std::memory_order_relaxed);
 }

@@ -115,8 +115,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
             const int rows = int(std::min<int64_t>(MR, mc - i));
             const float* a = A + (m0 + i) * lda + k0;
             for (int64_t g = 0; g < np; ++g)
-              mk.rows(rows, a, lda, B.data() + g * K * NR + k0 * NR, kc, C.data() + i * ldc + g * NR, ldc,
-                         k0 == 0);
+              mk.rows(rows, a, lda, B.data() + g * K * NR + k0 * NR, kc, C.data() + i * ldc + g * NR, ldc, k0 == 0);
           }
         }
         for (int64_t m = 0; m < mc; ++m) {
