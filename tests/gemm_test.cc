@@ -128,6 +128,43 @@ TEST(Gemm, EmptySumsAreZero) {
   for (float v : out) EXPECT_EQ(v, 0.f);
 }
 
+// linear() on FP8 and FP4 weights against dequant_row and one FMA chain per
+// output, for few rows (one chunk) and many (several chunks), K over two k
+// blocks and not a multiple of one.
+TEST(Gemm, LinearEqualsRowByRowDefinition) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  const int64_t K = 2560, N = 40;
+  for (Weight::Kind kind : {Weight::Kind::kFP8, Weight::Kind::kFP4}) {
+    std::vector<uint8_t> data(size_t(kind == Weight::Kind::kFP8 ? N * K : N * K / 2)), scale;
+    for (uint8_t& b : data) b = uint8_t(rng() & (kind == Weight::Kind::kFP8 ? 0x7e : 0xff));  // no NaN codes
+    scale.resize(kind == Weight::Kind::kFP8 ? size_t(((N + 127) / 128) * ((K + 127) / 128)) : size_t(N * K / 32));
+    for (uint8_t& b : scale) b = uint8_t(120 + rng() % 8);
+    Weight w;
+    w.kind = kind;
+    w.out = N;
+    w.in = K;
+    w.block = 128;
+    w.data = data.data();
+    w.scale = scale.data();
+    for (int64_t M : {5, 300}) {
+      std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N)), row(static_cast<size_t>(K));
+      for (float& v : x) v = nd(rng);
+      LinearOpts o;
+      o.out_bf16 = false;
+      linear(w, x.data(), M, y.data(), o);
+      for (int64_t n = 0; n < N; ++n) {
+        w.dequant_row(n, row.data());
+        for (int64_t m = 0; m < M; ++m) {
+          float acc = 0.f;
+          for (int64_t k = 0; k < K; ++k) acc = std::fma(x[size_t(m * K + k)], row[size_t(k)], acc);
+          ASSERT_EQ(acc, y[size_t(m * N + n)]) << "kind " << int(kind) << " M " << M << " m " << m << " n " << n;
+        }
+      }
+    }
+  }
+}
+
 // The vectorised panel loader against dequant_row, value by value, for every
 // weight format, shapes with a partial last panel, all byte values.
 TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
