@@ -57,6 +57,15 @@ TEST(Bench, JsonFieldsAndDeterministicChecksums) {
     EXPECT_LT(g["max_rel_diff"].get<double>(), 1e-3);
   }
 
+  // Each conversion kernel timed against its plain reference.
+  ASSERT_TRUE(a.contains("conversions") && a["conversions"].is_array());
+  EXPECT_EQ(a["conversions"].size(), 5u);
+  for (const json& t : a["conversions"]) {
+    EXPECT_FALSE(t.at("name").get<std::string>().empty());
+    for (const char* k : {"ns_per_value", "reference_ns_per_value", "speedup"})
+      EXPECT_GT(t.at(k).get<double>(), 0.0) << k;
+  }
+
   ASSERT_TRUE(a.contains("prefill") && a["prefill"].is_array());
   ASSERT_EQ(a["prefill"].size(), 2u);
   const int64_t lengths[] = {64, 128};

@@ -27,6 +27,7 @@
 #include "dist/ep.h"
 #include "engine/flops.h"
 #include "engine/prefill.h"
+#include "kernels/gemm.h"
 #include "kernels/linear.h"
 #include "model/model.h"
 #include "model/synthetic.h"
@@ -190,6 +191,64 @@ double best_seconds(int reps, double budget, F&& fn) {
     spent += s;
   }
   return best;
+}
+
+// The conversions around the gemm, each against its plain reference on one
+// thread (docs/PERFORMANCE.md quotes these): panel dequantisation of a
+// 256 x 4096 weight per format, FP8 activation quantisation, bf16 rounding.
+struct ConversionTiming {
+  std::string name;
+  double ns_per_value = 0, reference_ns_per_value = 0;
+};
+
+std::vector<ConversionTiming> bench_conversions() {
+  const int64_t out = 256, in = 4096, values = out * in;
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&]() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  // Nanoseconds per value, best of 5 passes over `values` values.
+  auto ns = [&](auto&& pass) { return best_seconds(5, 1.0, pass) * 1e9 / double(values); };
+  std::vector<ConversionTiming> r;
+
+  std::vector<uint8_t> data(size_t(values * 2)), scale(size_t(values / 32));
+  for (uint8_t& b : data) {
+    b = uint8_t(next());
+    if ((b & 0x7f) == 0x7f) b = 0;  // real FP8 weights hold no NaN codes
+  }
+  for (uint8_t& b : scale) b = uint8_t(120 + next() % 16);
+  std::vector<float> panel(size_t(in * kGemmNR));
+  for (Weight::Kind kind : {Weight::Kind::kFP4, Weight::Kind::kFP8, Weight::Kind::kBF16}) {
+    Weight w;
+    w.kind = kind;
+    w.out = out;
+    w.in = in;
+    w.data = data.data();
+    w.scale = scale.data();
+    auto all_panels = [&](bool reference) {
+      return [&, reference] {
+        for (int64_t o0 = 0; o0 < out; o0 += kGemmNR)
+          reference ? w.dequant_panel_reference(o0, out, panel.data()) : w.dequant_panel(o0, out, panel.data());
+      };
+    };
+    const std::string name = std::string("dequant_panel ") +
+                             (kind == Weight::Kind::kFP4 ? "fp4" : kind == Weight::Kind::kFP8 ? "fp8" : "bf16");
+    r.push_back({name, ns(all_panels(false)), ns(all_panels(true))});
+  }
+
+  // Both are idempotent, so each pass works on the same buffer.
+  std::vector<float> act(static_cast<size_t>(values));
+  for (float& v : act) v = float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 20);
+  r.push_back({"q8_inplace (block 128)", ns([&] { q8_inplace(act.data(), act.size(), 128); }),
+               ns([&] { q8_inplace_reference(act.data(), act.size(), 128); })});
+  for (float& v : act) v = float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 20);
+  r.push_back({"bf16r_inplace", ns([&] { bf16r_inplace(act.data(), act.size()); }), ns([&] {
+                 for (float& v : act) v = bf16r(v);
+               })});
+  return r;
 }
 
 GemmResult bench_gemm(const GemmShape& g, int reps) {
@@ -505,10 +564,10 @@ int run_bench(const BenchOptions& o) {
     source = "preset " + o.preset + " (seed " + std::to_string(o.seed) + ", generated)";
   }
 
-  // Steps: [generate], load, peak, each gemm shape, each prompt length, peak
+  // Steps: [generate], load, peak, each gemm shape, conversions, each prompt length, peak
   // again. The model comes first: a bad checkpoint or length fails before
   // any timing.
-  Progress progress(3 + (tmp ? 1 : 0) + int(o.gemm_shapes.size()) + int(o.tokens.size()));
+  Progress progress(4 + (tmp ? 1 : 0) + int(o.gemm_shapes.size()) + int(o.tokens.size()));
   const auto t_all = Clock::now();
 
   double gen_s = 0;
@@ -558,6 +617,10 @@ int run_bench(const BenchOptions& o) {
       warnings.push_back(msg);
     }
   }
+
+  progress.begin("conversion kernels", 1.0);
+  const std::vector<ConversionTiming> conversions = bench_conversions();
+  progress.end();
 
   // A short warm-up prefill first (page-in of the mapped weights, first-use
   // allocations); it is not reported.
@@ -626,6 +689,13 @@ int run_bench(const BenchOptions& o) {
       ga.push_back(e);
     }
     j["gemm"] = ga;
+    json ca = json::array();
+    for (const ConversionTiming& t : conversions)
+      ca.push_back({{"name", t.name},
+                    {"ns_per_value", t.ns_per_value},
+                    {"reference_ns_per_value", t.reference_ns_per_value},
+                    {"speedup", t.reference_ns_per_value / t.ns_per_value}});
+    j["conversions"] = ca;
     json pa = json::array();
     for (const PrefillRun& r : runs) {
       json stages = json::object(), stage_gflop = json::object();
@@ -669,6 +739,11 @@ int run_bench(const BenchOptions& o) {
                   r.openblas_gflops, r.openblas_gflops > 0 ? r.gflops / r.openblas_gflops : 0.0, r.max_rel_diff);
     std::printf("\n");
   }
+  std::printf("conversions, one thread, ns per value: vectorised / plain reference\n");
+  for (const ConversionTiming& t : conversions)
+    std::printf("  %-24s %7.3f / %7.3f = %5.1fx faster\n", t.name.c_str(), t.ns_per_value, t.reference_ns_per_value,
+                t.reference_ns_per_value / t.ns_per_value);
+  std::printf("\n");
   std::printf("prefill\n  %6s %9s %9s %10s %9s %8s  %-16s %6s\n", "N", "seconds", "tokens/s", "model GF", "GFLOP/s",
               "%peak", "logits checksum", "next");
   for (const PrefillRun& r : runs)

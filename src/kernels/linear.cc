@@ -102,28 +102,15 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
-// Values k..k+7 of row o, dequantised exactly as dequant_row does.
-template <Weight::Kind kKind>
-inline __m256 load8(const Weight& w, int64_t o, int64_t k) {
-  if constexpr (kKind == Weight::Kind::kF32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(w.data + 4 * (o * w.in + k)));
-  } else if constexpr (kKind == Weight::Kind::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.data + 2 * (o * w.in + k)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  } else {
-    static_assert(kKind == Weight::Kind::kBF16, "row-wise formats: F32, BF16");
-  }
-}
-
-// Row-wise formats: 8 values of each of 8 rows, transposed in registers.
-template <Weight::Kind kKind>
-void panel_rows8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+// F32: 8 values of each of 8 rows, transposed in registers.
+void panel_f32(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
   for (int h = 0; h < 2; ++h)
     for (int64_t k = 0; k < w.in; k += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
         const int64_t o = o0 + 8 * h + i;
-        r[i] = o < o_end ? load8<kKind>(w, o, k) : _mm256_setzero_ps();
+        r[i] = o < o_end ? _mm256_loadu_ps(reinterpret_cast<const float*>(w.data + 4 * (o * w.in + k)))
+                         : _mm256_setzero_ps();
       }
       transpose8(r);
       for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kGemmNR + 8 * h, r[i]);
@@ -259,6 +246,33 @@ void panel_fp8_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
     }
 }
 
+// BF16 the same way, 2 values per lane: the low half of a dword moved up is
+// value k, the high half with the low one cleared is value k + 1.
+template <bool kFull>
+void panel_bf16_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
+  const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
+  for (int64_t k0 = 0; k0 < w.in; k0 += 32)
+    for (int h = 0; h < 2; ++h)
+      for (int64_t k = k0; k < std::min(w.in, k0 + 32); k += 8) {
+        __m256i v[4];
+        r[h].dwords4(2 * k, v);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          float* dst = panel + (k + 2 * j) * kGemmNR + 8 * h;
+          put8<kFull>(dst, _mm256_castsi256_ps(_mm256_slli_epi32(v[j], 16)), r[h]);
+          put8<kFull>(dst + kGemmNR, _mm256_castsi256_ps(_mm256_and_si256(v[j], hi)), r[h]);
+        }
+      }
+}
+
+void panel_bf16(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  const Rows8 r[2] = {Rows8(w, o0, o_end, 2 * w.in, 0, 1, o0), Rows8(w, o0 + 8, o_end, 2 * w.in, 0, 1, o0)};
+  if (o0 + 16 <= o_end)
+    panel_bf16_rows16<true>(w, r, panel);
+  else
+    panel_bf16_rows16<false>(w, r, panel);
+}
+
 void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
   const Rows8 r[2] = {Rows8(w, o0, o_end, w.in / 2, w.in / 32, 1, o0), Rows8(w, o0 + 8, o_end, w.in / 2, w.in / 32, 1, o0)};
   if (o0 + 16 <= o_end)
@@ -284,8 +298,8 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
     return dequant_panel_reference(o0, o_end, panel);
   switch (kind) {
-    case Kind::kF32: return panel_rows8<Kind::kF32>(*this, o0, o_end, panel);
-    case Kind::kBF16: return panel_rows8<Kind::kBF16>(*this, o0, o_end, panel);
+    case Kind::kF32: return panel_f32(*this, o0, o_end, panel);
+    case Kind::kBF16: return panel_bf16(*this, o0, o_end, panel);
     case Kind::kFP8: return panel_fp8(*this, o0, o_end, panel);
     case Kind::kFP4: return panel_fp4(*this, o0, o_end, panel);
   }
