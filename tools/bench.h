@@ -1,7 +1,8 @@
 // `dsv4 bench` (PREFILL.md §5, docs/PERFORMANCE.md "How to benchmark"):
 // prefill tokens/s and seconds per stage for a list of prompt lengths, model
-// FLOPs and the fraction of the measured machine peak they reach, and the
-// engine's BF16 GEMM against OpenBLAS's cblas_sbgemm on prefill shapes.
+// FLOPs and the fraction of the measured machine peak they reach, the
+// engine's BF16 GEMM against OpenBLAS's cblas_sbgemm on prefill shapes, and
+// the conversion kernels against their plain references.
 #pragma once
 #include "engine/prefill.h"
 #include <cstdint>

@@ -127,9 +127,11 @@ commands:
               Hangul, digits, emoji, whitespace)
       --model DIR [--chars N (default 30000)] [--file F] [--reps R (default 20)]
   bench       prefill tokens/s, seconds per stage, model GFLOP/s against the
-              measured peak (fp32 FMA microbenchmark on all threads: this CPU
-              has no BF16 instructions, BF16 runs as bf16->fp32 + fp32 FMA),
-              and the engine's BF16 GEMM against OpenBLAS on prefill shapes
+              measured peak (fp32 FMA microbenchmark on all threads: BF16 runs
+              as bf16->fp32 + fp32 FMA), the engine's BF16 GEMM against
+              OpenBLAS on prefill shapes, and the conversion kernels (weight
+              panel dequantisation, FP8 activation quantisation, bf16
+              rounding) against their plain references
       --model DIR             checkpoint to load, or else a synthetic model:
       --preset tiny|flash     generated into a temporary directory (removed
                               afterwards); --layers L --experts E --vocab V
@@ -138,10 +140,12 @@ commands:
       --threads N             worker threads (default: all cores)
       --tile-tokens T --chunk-tokens C   as for prefill (defaults 128, 2048)
       --gemm-shapes S         default | none | MxKxN,MxKxN,... (default:
-                              512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768)
+                              512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768,
+                              2048x4096x512,2048x1024x4096,2048x4096x4096)
       --gemm-reps R           best of at most R runs per GEMM (default 3)
       --peak-seconds S        length of each peak measurement (default 0.25)
-      --json                  one JSON object: peak_gflops, gemm [...], prefill [...]
+      --json                  one JSON object: peak_gflops, gemm [...], conversions [...],
+                              prefill [...]
               Under `mpirun -np R` (needs --model): per N, R requests run on
               rank 0 alone (R = 1), then one per rank with the experts split;
               prints both times, the speed-up, all-to-all bytes and seconds per
