@@ -82,41 +82,6 @@ void Weight::dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) co
 #if defined(__AVX2__) && defined(__FMA__)
 namespace {
 
-// r[i] holds row i, k0..k0+7; afterwards r[i] holds k0 + i, rows 0..7.
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {
-    const int b = 4 * h;
-    u[b + 0] = _mm256_shuffle_ps(t[b + 0], t[b + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[b + 1] = _mm256_shuffle_ps(t[b + 0], t[b + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[b + 2] = _mm256_shuffle_ps(t[b + 1], t[b + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
-
-// F32: 8 values of each of 8 rows, transposed in registers.
-void panel_f32(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  for (int h = 0; h < 2; ++h)
-    for (int64_t k = 0; k < w.in; k += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i) {
-        const int64_t o = o0 + 8 * h + i;
-        r[i] = o < o_end ? _mm256_loadu_ps(reinterpret_cast<const float*>(w.data + 4 * (o * w.in + k)))
-                         : _mm256_setzero_ps();
-      }
-      transpose8(r);
-      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kGemmNR + 8 * h, r[i]);
-    }
-}
-
 // Eight weight rows [first, first + 8) read side by side, one per lane:
 // where each row's data and scales start, and a lane mask that zeroes rows at
 // or past o_end (those lanes read row `valid`, a real one, instead).
@@ -246,6 +211,27 @@ void panel_fp8_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
     }
 }
 
+// F32 the same way, one value per lane: dword j is value k + j.
+template <bool kFull>
+void panel_f32_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
+  for (int64_t k0 = 0; k0 < w.in; k0 += 16)
+    for (int h = 0; h < 2; ++h)
+      for (int64_t k = k0; k < std::min(w.in, k0 + 16); k += 4) {
+        __m256i v[4];
+        r[h].dwords4(4 * k, v);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) put8<kFull>(panel + (k + j) * kGemmNR + 8 * h, _mm256_castsi256_ps(v[j]), r[h]);
+      }
+}
+
+void panel_f32(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  const Rows8 r[2] = {Rows8(w, o0, o_end, 4 * w.in, 0, 1, o0), Rows8(w, o0 + 8, o_end, 4 * w.in, 0, 1, o0)};
+  if (o0 + 16 <= o_end)
+    panel_f32_rows16<true>(w, r, panel);
+  else
+    panel_f32_rows16<false>(w, r, panel);
+}
+
 // BF16 the same way, 2 values per lane: the low half of a dword moved up is
 // value k, the high half with the low one cleared is value k + 1.
 template <bool kFull>
@@ -293,8 +279,8 @@ void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 }  // namespace
 
 void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
-  // The 8-wide paths read rows 16 bytes at a time: whole groups of 8 values
-  // (F32, BF16), 32 (FP4, its scale block) or 16 inside one scale block (FP8).
+  // The 8-wide paths read rows 16 bytes at a time: whole groups of 4 or 8
+  // values (F32, BF16), 32 (FP4, its scale block) or 16 inside one scale block (FP8).
   if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
     return dequant_panel_reference(o0, o_end, panel);
   switch (kind) {
