@@ -168,10 +168,6 @@ double best_rate(ThreadPool& pool, double seconds, double flops_per_item, double
   return best;
 }
 
-}  // namespace
-
-namespace {
-
 // The FMA loop of the widest vectors this CPU has.
 struct FmaLoop {
   float (*run)(int64_t iters, float seed);
