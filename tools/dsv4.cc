@@ -1,4 +1,5 @@
 // The dsv4 command: prefill, synthetic checkpoints, inspection.
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -1013,6 +1015,16 @@ int cmd_bench_tokenizer(const Args& a) {
 
 int main(int argc, char** argv) {
   install_sigbus_handler();  // a checkpoint truncated while mapped: one line, exit 2
+  // Keep freed memory in the process. By default glibc maps every block over
+  // its (adaptive) threshold afresh and unmaps it on free, so each tile's
+  // activations (16 MB for q at Flash width) came back as new pages that the
+  // kernel faults in and zeroes, on the thread that allocates them, while
+  // the other workers wait. perf at N = 2048 put ~6% of the main thread's
+  // samples in page-fault handling; with blocks up to 32 MB (glibc's
+  // ceiling for this setting) served from the heap and never trimmed, the
+  // system time of a prefill fell by a third (docs/PERFORMANCE.md).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   // Under mpirun, prefill joins the MPI job (expert parallelism); an error on
   // any rank then ends the whole job (MPI_Abort) instead of leaving the
   // others waiting in a collective.
