@@ -125,7 +125,9 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
   std::vector<float> qr(size_t(n * ql)), q(size_t(n * H * d));
   linear(w.wq_a, x, n, qr.data(), qopts);
-  for (int64_t i = 0; i < n; ++i) rms_norm_bf16(qr.data() + i * ql, w.q_norm.data(), ql, c.rms_norm_eps, qr.data() + i * ql);
+  parallel_for_each(n, [&](int64_t i) {
+    rms_norm_bf16(qr.data() + i * ql, w.q_norm.data(), ql, c.rms_norm_eps, qr.data() + i * ql);
+  });
   linear(w.wq_b, qr.data(), n, q.data(), qopts);
   parallel_for_each(n * H, [&](int64_t ih) {
     float* qh = q.data() + ih * d;
@@ -144,12 +146,12 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   }
   float* kv = win.data() + n_old * d;
   linear(w.wkv, x, n, kv, qopts);
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for_each(n, [&](int64_t i) {
     float* r = kv + i * d;
     rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
     rope.rotate(r + nd, cs.data() + i * rd);
     q8_inplace(r, size_t(nd), 64, c.scale_pow2);
-  }
+  });
   for (int64_t i = std::max<int64_t>(0, n - W); i < n; ++i) {
     uint16_t* dst = st.window.row_bf16((p0 + i) % W);
     for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[i * d + k]);
