@@ -201,25 +201,32 @@ struct ConversionTiming {
   double ns_per_value = 0, reference_ns_per_value = 0;
 };
 
-std::vector<ConversionTiming> bench_conversions() {
-  const int64_t out = 256, in = 4096, values = out * in;
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  auto next = [&]() {
+// The benches' test data: xorshift64, so that every run times the same values.
+struct XorShift64 {
+  uint64_t x;
+  uint64_t next() {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
     return x;
-  };
+  }
+  // Uniform on [-1, 1) in steps of 2^-23.
+  float pm1() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23); }
+};
+
+std::vector<ConversionTiming> bench_conversions() {
+  const int64_t out = 256, in = 4096, values = out * in;
+  XorShift64 rng{0x9E3779B97F4A7C15ull};
   // Nanoseconds per value, best of 5 passes over `values` values.
   auto ns = [&](auto&& pass) { return best_seconds(5, 1.0, pass) * 1e9 / double(values); };
   std::vector<ConversionTiming> r;
 
   std::vector<uint8_t> data(size_t(values * 2)), scale(size_t(values / 32));
   for (uint8_t& b : data) {
-    b = uint8_t(next());
+    b = uint8_t(rng.next());
     if ((b & 0x7f) == 0x7f) b = 0;  // real FP8 weights hold no NaN codes
   }
-  for (uint8_t& b : scale) b = uint8_t(120 + next() % 16);
+  for (uint8_t& b : scale) b = uint8_t(120 + rng.next() % 16);
   std::vector<float> panel(size_t(in * kGemmNR));
   for (Weight::Kind kind : {Weight::Kind::kFP4, Weight::Kind::kFP8, Weight::Kind::kBF16}) {
     Weight w;
@@ -239,12 +246,15 @@ std::vector<ConversionTiming> bench_conversions() {
     r.push_back({name, ns(all_panels(false)), ns(all_panels(true))});
   }
 
-  // Both are idempotent, so each pass works on the same buffer.
+  // Both are idempotent, so each pass works on the same buffer, values in [-8, 8).
   std::vector<float> act(static_cast<size_t>(values));
-  for (float& v : act) v = float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 20);
+  auto fill_act = [&] {
+    for (float& v : act) v = 8.f * rng.pm1();
+  };
+  fill_act();
   r.push_back({"q8_inplace (block 128)", ns([&] { q8_inplace(act.data(), act.size(), 128); }),
                ns([&] { q8_inplace_reference(act.data(), act.size(), 128); })});
-  for (float& v : act) v = float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 20);
+  fill_act();
   r.push_back({"bf16r_inplace", ns([&] { bf16r_inplace(act.data(), act.size()); }), ns([&] {
                  for (float& v : act) v = bf16r(v);
                })});
@@ -255,15 +265,9 @@ GemmResult bench_gemm(const GemmShape& g, int reps) {
   const int64_t M = g.m, K = g.k, N = g.n;
   // Random bf16 values in [-1, 1): A (activations, M x K), B (weight, N x K).
   std::vector<uint16_t> a16(size_t(M * K)), b16(size_t(N * K));
-  uint64_t x = 0x243F6A8885A308D3ull ^ uint64_t(M * 31 + K * 7 + N);
-  auto next = [&]() {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return f32_to_bf16(float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23));
-  };
-  for (auto& v : a16) v = next();
-  for (auto& v : b16) v = next();
+  XorShift64 rng{0x243F6A8885A308D3ull ^ uint64_t(M * 31 + K * 7 + N)};
+  for (auto& v : a16) v = f32_to_bf16(rng.pm1());
+  for (auto& v : b16) v = f32_to_bf16(rng.pm1());
   std::vector<float> a32(a16.size());
   for (size_t i = 0; i < a16.size(); ++i) a32[i] = bf16_to_f32(a16[i]);
 
