@@ -6,7 +6,6 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/stage_timer.h"
-#include "core/thread_pool.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
 #include "model/hc.h"
@@ -66,9 +65,7 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
       {
         ScopedStage st(Stage::kHc);
         hc_pre(Xt, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-        parallel_for_each(n, [&](int64_t i) {
-          rms_norm_bf16(y.data() + i * D, lw.attn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
-        });
+        rms_norm_rows_bf16(y.data(), n, lw.attn_norm.data(), D, c.rms_norm_eps, y.data());
       }
       attention_forward(lw.attn, c, lw.ratio, m.rope(layer), y.data(), s.p0 + t0, n, s.st->layers[size_t(layer)],
                         f.data());
@@ -78,9 +75,7 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
   {
     ScopedStage st(Stage::kHc);
     hc_pre(X, rows, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-    parallel_for_each(rows, [&](int64_t i) {
-      rms_norm_bf16(y.data() + i * D, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data() + i * D);
-    });
+    rms_norm_rows_bf16(y.data(), rows, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data());
   }
   moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, f.data(), experts);
   ScopedStage st(Stage::kHc);
@@ -93,9 +88,7 @@ void final_norm(const Model& m, const float* X, int64_t n, float* hidden) {
   const int64_t D = c.hidden_size;
   std::vector<float> head_in(size_t(n * D));
   hc_head(X, n, c.hc_mult, D, m.weights.hc_head, c.hc_eps, c.rms_norm_eps, head_in.data());
-  parallel_for_each(n, [&](int64_t i) {
-    rms_norm_bf16(head_in.data() + i * D, m.weights.norm.data(), D, c.rms_norm_eps, hidden + i * D);
-  });
+  rms_norm_rows_bf16(head_in.data(), n, m.weights.norm.data(), D, c.rms_norm_eps, hidden);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "core/thread_pool.h"
 #include "kernels/dot.h"
 
 namespace dsv4 {
@@ -15,6 +16,10 @@ void rms_norm_bf16(const float* v, const float* w, int64_t n, float eps, float* 
     float t = v[i] * r;
     y[i] = bf16r(w ? w[i] * t : t);
   }
+}
+
+void rms_norm_rows_bf16(const float* v, int64_t rows, const float* w, int64_t n, float eps, float* y) {
+  parallel_for_each(rows, [&](int64_t i) { rms_norm_bf16(v + i * n, w, n, eps, y + i * n); });
 }
 
 void q_head_norm_bf16(float* q, int64_t n, float eps) {

@@ -125,9 +125,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
   std::vector<float> qr(size_t(n * ql)), q(size_t(n * H * d));
   linear(w.wq_a, x, n, qr.data(), qopts);
-  parallel_for_each(n, [&](int64_t i) {
-    rms_norm_bf16(qr.data() + i * ql, w.q_norm.data(), ql, c.rms_norm_eps, qr.data() + i * ql);
-  });
+  rms_norm_rows_bf16(qr.data(), n, w.q_norm.data(), ql, c.rms_norm_eps, qr.data());
   linear(w.wq_b, qr.data(), n, q.data(), qopts);
   parallel_for_each(n * H, [&](int64_t ih) {
     float* qh = q.data() + ih * d;
