@@ -32,7 +32,7 @@ constexpr int64_t kTilesPerChunk = 32;
 // The portable variant (and the one tests compare the others with).
 struct Scalar {
   using T = float;
-  static constexpr int kLanes = 1, kRows = 4;
+  static constexpr int kLanes = 1, kRows = 4, kPanels = 1;
   static T zero() { return 0.f; }
   static T load(const float* p) { return *p; }
   static void store(float* p, T v) { *p = v; }
@@ -44,7 +44,7 @@ struct Scalar {
 // 6 rows: 12 accumulators + 2 panel vectors + 1 broadcast of 16 registers.
 struct Ymm {
   using T = __m256;
-  static constexpr int kLanes = 8, kRows = 6;
+  static constexpr int kLanes = 8, kRows = 6, kPanels = 1;
   static T zero() { return _mm256_setzero_ps(); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
@@ -54,19 +54,19 @@ struct Ymm {
 #endif
 
 struct MicroKernel {
-  int mr;  // A rows per micro-tile
+  int mr, np;  // A rows and panels per micro-tile
   GemmMicroRows rows;
 };
 
 MicroKernel micro_kernel(Isa isa) {
   switch (isa) {
 #ifdef DSV4_GEMM_AVX2
-    case Isa::kAvx2: return {Ymm::kRows, micro_rows<Ymm>};
+    case Isa::kAvx2: return {Ymm::kRows, Ymm::kPanels, micro_rows<Ymm>};
 #endif
 #ifdef DSV4_HAVE_AVX512_KERNELS
-    case Isa::kAvx512: return {kGemmMRAvx512, gemm_micro_rows_avx512};
+    case Isa::kAvx512: return {kGemmMRAvx512, kGemmNPAvx512, gemm_micro_rows_avx512};
 #endif
-    default: return {Scalar::kRows, micro_rows<Scalar>};
+    default: return {Scalar::kRows, Scalar::kPanels, micro_rows<Scalar>};
   }
 }
 
@@ -114,8 +114,9 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
           for (int64_t i = 0; i < mc; i += MR) {
             const int rows = int(std::min<int64_t>(MR, mc - i));
             const float* a = A + (m0 + i) * lda + k0;
-            for (int64_t g = 0; g < np; ++g)
-              mk.rows(rows, a, lda, B.data() + g * K * NR + k0 * NR, kc, C.data() + i * ldc + g * NR, ldc, k0 == 0);
+            for (int64_t g = 0; g < np; g += mk.np)
+              mk.rows(rows, int(std::min<int64_t>(mk.np, np - g)), a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc,
+                      C.data() + i * ldc + g * NR, ldc, k0 == 0);
           }
         }
         for (int64_t m = 0; m < mc; ++m) {

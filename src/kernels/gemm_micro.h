@@ -4,9 +4,10 @@
 // variant at run time). Every variant computes each output as the same FMA
 // chain, so they agree bit for bit.
 //
-// V provides: T (a vector of kLanes floats), kRows (A rows per micro-tile,
-// sized to its register file), zero(), load(p), store(p, v), broadcast(p)
-// and fma(a, b, c) = a·b + c rounded once.
+// V provides: T (a vector of kLanes floats), kRows (A rows per micro-tile)
+// and kPanels (panels per micro-tile), sized to its register file together,
+// zero(), load(p), store(p, v), broadcast(p) and fma(a, b, c) = a·b + c
+// rounded once.
 #pragma once
 #include <cstdint>
 
@@ -20,61 +21,68 @@ namespace dsv4 {
 // without it.
 namespace {
 
-// C[R][16] (row stride ldc, fp32 partial sums) continues its FMA chains over
-// kc more k: C = fma(A[r][k], P[k][j], C) in ascending k. A is read in place
+// C[R][NP·16] (row stride ldc, fp32 partial sums) continues its FMA chains
+// over kc more k: C = fma(A[r][k], P[k][j], C) in ascending k, where panel p
+// (of NP, pstride floats apart) gives columns p·16 + j. A is read in place
 // (row stride lda): the R rows are R sequential streams, which the hardware
 // prefetches as well as a packed copy, and packing cost a full pass over A.
 // `first`: the chains start here from 0. Splitting K into blocks keeps every
 // chain one chain: the fp32 partial sum is stored and reloaded exactly.
-// The loops over r and v are unrolled so that the accumulators live in
-// registers (at -O2 they were spilled to the stack otherwise).
-template <class V, int R>
-inline void micro_tile(const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc, bool first) {
-  constexpr int NV = kGemmNR / V::kLanes, L = V::kLanes;
+// Taking NP panels at once changes which chains run side by side, never a
+// chain. The loops over r and v are unrolled so that the accumulators live
+// in registers (at -O2 they were spilled to the stack otherwise).
+template <class V, int R, int NP>
+inline void micro_tile(const float* A, int64_t lda, const float* P, int64_t pstride, int64_t kc, float* C,
+                       int64_t ldc, bool first) {
+  constexpr int NV = kGemmNR / V::kLanes, L = V::kLanes, W = NP * NV;
   static_assert(NV * L == kGemmNR, "a panel row is whole vectors");
-  typename V::T c[R][NV];
+  typename V::T c[R][W];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) c[r][v] = first ? V::zero() : V::load(C + r * ldc + v * L);
+    for (int v = 0; v < W; ++v) c[r][v] = first ? V::zero() : V::load(C + r * ldc + v * L);
   for (int64_t k = 0; k < kc; ++k) {
-    typename V::T b[NV];
+    typename V::T b[W];
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) b[v] = V::load(P + k * kGemmNR + v * L);
+    for (int v = 0; v < W; ++v) b[v] = V::load(P + (v / NV) * pstride + k * kGemmNR + (v % NV) * L);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const typename V::T a = V::broadcast(A + r * lda + k);
 #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) c[r][v] = V::fma(a, b[v], c[r][v]);
+      for (int v = 0; v < W; ++v) c[r][v] = V::fma(a, b[v], c[r][v]);
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) V::store(C + r * ldc + v * L, c[r][v]);
+    for (int v = 0; v < W; ++v) V::store(C + r * ldc + v * L, c[r][v]);
 }
 
 // `rows` in [1, R]: the full micro-tile, or a shorter one for the last rows
-// of a chunk.
+// of a chunk; `panels` in [1, V::kPanels], fewer for a task's last panel.
 template <class V, int R = V::kRows>
-inline void micro_rows(int rows, const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc,
-                       bool first) {
+inline void micro_rows(int rows, int panels, const float* A, int64_t lda, const float* P, int64_t pstride,
+                       int64_t kc, float* C, int64_t ldc, bool first) {
   if constexpr (R > 1) {
-    if (rows < R) return micro_rows<V, R - 1>(rows, A, lda, P, kc, C, ldc, first);
+    if (rows < R) return micro_rows<V, R - 1>(rows, panels, A, lda, P, pstride, kc, C, ldc, first);
   }
-  micro_tile<V, R>(A, lda, P, kc, C, ldc, first);
+  static_assert(V::kPanels == 1 || V::kPanels == 2, "one or two panels per micro-tile");
+  if constexpr (V::kPanels == 2) {
+    if (panels == 2) return micro_tile<V, R, 2>(A, lda, P, pstride, kc, C, ldc, first);
+  }
+  micro_tile<V, R, 1>(A, lda, P, pstride, kc, C, ldc, first);
 }
 
 }  // namespace
 
 // The signature every variant's micro_rows is called through.
-using GemmMicroRows = void (*)(int rows, const float* A, int64_t lda, const float* P, int64_t kc, float* C,
-                               int64_t ldc, bool first);
+using GemmMicroRows = void (*)(int rows, int panels, const float* A, int64_t lda, const float* P,
+                               int64_t pstride, int64_t kc, float* C, int64_t ldc, bool first);
 
-// gemm_avx512.cc: micro_rows over 16-lane vectors, up to kGemmMRAvx512 rows.
-// Call only where kernel_isa() allows Isa::kAvx512.
-constexpr int kGemmMRAvx512 = 12;
-void gemm_micro_rows_avx512(int rows, const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc,
-                            bool first);
+// gemm_avx512.cc: micro_rows over 16-lane vectors, up to kGemmMRAvx512 rows
+// and kGemmNPAvx512 panels. Call only where kernel_isa() allows Isa::kAvx512.
+constexpr int kGemmMRAvx512 = 12, kGemmNPAvx512 = 2;
+void gemm_micro_rows_avx512(int rows, int panels, const float* A, int64_t lda, const float* P, int64_t pstride,
+                            int64_t kc, float* C, int64_t ldc, bool first);
 
 }  // namespace dsv4
