@@ -165,9 +165,11 @@ TEST(Gemm, LinearEqualsRowByRowDefinition) {
   }
 }
 
-// The vectorised panel loader against dequant_row, value by value, for every
-// weight format, shapes with a partial last panel, all byte values.
+// The vectorised panel loaders (each variant the CPU runs) against
+// dequant_row, value by value, for every weight format, shapes with a partial
+// last panel, all byte values.
 TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
+  const Isa best = kernel_isa();
   std::mt19937 rng(11);
   for (Weight::Kind kind : {Weight::Kind::kF32, Weight::Kind::kBF16, Weight::Kind::kFP8, Weight::Kind::kFP4}) {
     // FP8 scale blocks other than Flash's 128: one shorter than a 64-code
@@ -222,12 +224,16 @@ TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
         for (int64_t o0 = 0; o0 < out; o0 += kGemmNR) {
           const int64_t o_end = std::min<int64_t>(out, o0 + 13);  // also a cut inside a panel
           for (int64_t end : {out, o_end}) {
-            std::fill(fast.begin(), fast.end(), -7.f);
-            w.dequant_panel(o0, end, fast.data());
             w.dequant_panel_reference(o0, end, ref.data());
-            EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
-                << "kind " << int(kind) << " block " << block << " " << out << "x" << in << " o0 " << o0
-                << " end " << end;
+            for (Isa isa : supported_isas()) {
+              set_kernel_isa(isa);
+              std::fill(fast.begin(), fast.end(), -7.f);
+              w.dequant_panel(o0, end, fast.data());
+              EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
+                  << "kind " << int(kind) << " block " << block << " " << out << "x" << in << " o0 " << o0
+                  << " end " << end << " " << isa_name(isa);
+            }
+            set_kernel_isa(best);
           }
         }
       }

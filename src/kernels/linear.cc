@@ -5,10 +5,12 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/linear_avx512.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -283,6 +285,9 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   // values (F32, BF16), 32 (FP4, its scale block) or 16 inside one scale block (FP8).
   if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
     return dequant_panel_reference(o0, o_end, panel);
+#ifdef DSV4_HAVE_AVX512_KERNELS
+  if (kind == Kind::kFP4 && kernel_isa() == Isa::kAvx512) return panel_fp4_avx512(*this, o0, o_end, panel);
+#endif
   switch (kind) {
     case Kind::kF32: return panel_f32(*this, o0, o_end, panel);
     case Kind::kBF16: return panel_bf16(*this, o0, o_end, panel);

@@ -1,0 +1,103 @@
+// AVX-512 panel decoding for FP4 weights. Compiled with -mavx512f
+// (CMakeLists.txt); Weight::dequant_panel calls it only when kernel_isa() is
+// Isa::kAvx512. Like gemm_avx512.cc this file calls no inline function or
+// template of another header: an out-of-line copy compiled here could be the
+// one the linker keeps for the whole program.
+//
+// Why: with the AVX-512 micro-kernel the FP4 expert panels took as much CPU
+// as the products themselves (perf at N = 1024: panel_fp4 29%, micro_tile
+// 28%). A zmm holds one value of each of a panel's 16 rows, so a panel row is
+// one vector: a 16-entry vpermps table gives sign and magnitude of every
+// code at once (the AVX2 path needs 5 more operations per 8 values to
+// rebuild the sign and can only fill half a panel row).
+#include "kernels/linear_avx512.h"
+
+#include "kernels/gemm.h"
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() (a self-initialised
+// variable) as the unused merge operand, which -Wmaybe-uninitialized reports
+// once they are inlined here (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace dsv4 {
+
+namespace {
+
+// The 16 panel rows [o0, o0 + 16), one per lane: where each row's data and
+// scales start, and a lane mask of the rows before o_end (the others read row
+// o0 instead, a real one, and are written as +0).
+struct Rows16 {
+  const uint8_t* data[16];
+  const uint8_t* scale[16];
+  __mmask16 keep = 0;
+  Rows16(const Weight& w, int64_t o0, int64_t o_end, int64_t row_bytes, int64_t scale_row_bytes) {
+    for (int i = 0; i < 16; ++i) {
+      const bool valid = o0 + i < o_end;
+      const int64_t row = valid ? o0 + i : o0;
+      if (valid) keep = __mmask16(keep | (1u << i));
+      data[i] = w.data + row * row_bytes;
+      scale[i] = w.scale + row * scale_row_bytes;
+    }
+  }
+  // Dword j of bytes [byte, byte + 16) of every row: out[j] lane i = row i.
+  void dwords4(int64_t byte, __m512 out[4]) const {
+    __m512 z[4];
+    // z[i]: rows i, i + 4, i + 8, i + 12 in the four 128-bit lanes.
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      z[i] = _mm512_castps128_ps512(_mm_loadu_ps(reinterpret_cast<const float*>(data[i] + byte)));
+      z[i] = _mm512_insertf32x4(z[i], _mm_loadu_ps(reinterpret_cast<const float*>(data[i + 4] + byte)), 1);
+      z[i] = _mm512_insertf32x4(z[i], _mm_loadu_ps(reinterpret_cast<const float*>(data[i + 8] + byte)), 2);
+      z[i] = _mm512_insertf32x4(z[i], _mm_loadu_ps(reinterpret_cast<const float*>(data[i + 12] + byte)), 3);
+    }
+    // A 4×4 transpose of dwords in each 128-bit lane: lane q, slot i = row 4q + i.
+    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
+    out[0] = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    out[1] = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    out[2] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    out[3] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // The rows' e8m0 scales of block `col` as fp32, as e8m0_to_f32 gives them
+  // (code 0 is 2^-127, an fp32 subnormal).
+  __m512 scales(int64_t col) const {
+    alignas(64) int32_t e[16];
+    for (int i = 0; i < 16; ++i) e[i] = scale[i][col];
+    const __m512i v = _mm512_load_si512(e);
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero, _mm512_set1_epi32(0x00400000)));
+  }
+};
+
+}  // namespace
+
+void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  static_assert(kGemmNR == 16, "one zmm lane per panel row");
+  const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
+  // e2m1 codes 0-15: bit 3 the sign, bits 0-2 the magnitude (MODEL.md §2).
+  const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
+                                      -4.f, -6.f);
+  for (int64_t k = 0; k < w.in; k += 32) {  // one scale block: 16 bytes of each row
+    const __m512 scale = r.scales(k / 32);
+    __m512 v[4];
+    r.dwords4(k / 2, v);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i codes = _mm512_castps_si512(v[j]);
+      // Nibble n of every lane is panel row k + 8j + n; vpermps reads the
+      // low 4 bits of each index. The scale is a power of two: the product
+      // is exact, as in dequant_row. Rows past o_end are written as +0.
+#pragma GCC unroll 8
+      for (int n = 0; n < 8; ++n) {
+        const __m512 value = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4 * n), table);
+        _mm512_storeu_ps(panel + (k + 8 * j + n) * kGemmNR, _mm512_maskz_mul_ps(r.keep, value, scale));
+      }
+    }
+  }
+}
+
+}  // namespace dsv4
+#endif

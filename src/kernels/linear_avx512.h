@@ -1,0 +1,14 @@
+// The AVX-512 panel decoders of linear_avx512.cc, which Weight::dequant_panel
+// calls when kernel_isa() is Isa::kAvx512 (never on CPUs without AVX-512F).
+#pragma once
+#include <cstdint>
+
+#include "kernels/linear.h"
+
+namespace dsv4 {
+
+// Weight::dequant_panel for an FP4 weight (w.in a multiple of 32), bitwise
+// equal to dequant_panel_reference.
+void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel);
+
+}  // namespace dsv4
