@@ -47,16 +47,30 @@ struct Segment {
   int64_t i0, p0, n, row0, tile;
 };
 
+// The activation blocks of layer_forward, kept from layer to layer and
+// round to round of one prefill call: blocks this large (32 MB and more for
+// 2048 Flash rows) are mapped afresh by malloc on every allocation and cost
+// page faults and zeroing each time. Each layer writes what it reads.
+struct LayerScratch {
+  std::vector<float> y, f;
+  MoeScratch moe;
+};
+
 // One layer on every row of the round. X [rows][hc][D] is updated in place:
 // attention runs tile by tile in position order (each tile reads the caches
 // that the earlier ones wrote), then one MoE step over all rows.
 void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, const int32_t* tokens, int64_t rows,
-                   float* X, ExpertRunner* experts) {
+                   float* X, ExpertRunner* experts, LayerScratch& scratch) {
   const ModelConfig& c = m.config;
   const LayerWeights& lw = m.weights.layers[size_t(layer)];
   const int64_t D = c.hidden_size;
   const int hc = c.hc_mult;
-  std::vector<float> y(size_t(rows * D)), f(size_t(rows * D));
+  std::vector<float>& y = scratch.y;
+  std::vector<float>& f = scratch.f;
+  if (y.size() < size_t(rows * D)) {
+    y.resize(size_t(rows * D));
+    f.resize(size_t(rows * D));
+  }
   HcMix mix;
   for (const Segment& s : segs)
     for (int64_t t0 = 0; t0 < s.n; t0 += s.tile) {
@@ -77,7 +91,7 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
     hc_pre(X, rows, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
     rms_norm_rows_bf16(y.data(), rows, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data());
   }
-  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, f.data(), experts);
+  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, f.data(), experts, &scratch.moe);
   ScopedStage st(Stage::kHc);
   hc_post(f.data(), X, rows, hc, D, mix);
 }
@@ -167,6 +181,7 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
   if (experts) rounds = experts->agree_rounds(rounds);
 
   std::vector<float> X, erow(static_cast<size_t>(D)), hidden;
+  LayerScratch scratch;
   std::vector<int32_t> round_tokens;
   for (int64_t round = 0; round < rounds; ++round) {
     std::vector<Segment> segs;
@@ -193,7 +208,7 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
           std::memcpy(X.data() + s.row0 * hc * D,
                       opts.teacher + (((l - 1) * int64_t(tokens[s.request].size()) + s.i0) * hc) * D,
                       size_t(s.n * hc * D) * sizeof(float));
-      layer_forward(model, int(l), segs, round_tokens.data(), rows, X.data(), experts);
+      layer_forward(model, int(l), segs, round_tokens.data(), rows, X.data(), experts, scratch);
       if (opts.keep_residuals)
         for (const Segment& s : segs) {
           const int64_t N = int64_t(tokens[s.request].size());

@@ -121,14 +121,17 @@ void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* c
 }
 
 void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
-                 int64_t n, float* out, ExpertRunner* runner) {
+                 int64_t n, float* out, ExpertRunner* runner, MoeScratch* scratch) {
   const int64_t D = c.hidden_size, k = c.num_experts_per_tok;
   if (n == 0 && !runner) return;
   std::optional<ScopedStage> stage(std::in_place, Stage::kGate);
   Routing r = n > 0 ? moe_route(w, c, layer, x, tokens, n) : Routing{};
   stage.emplace(Stage::kExperts);
-  // y_routed[t][j] is expert r.expert[t][j]'s output on row t.
-  std::vector<float> y_routed(size_t(n * k * D));
+  // y_routed[t][j] is expert r.expert[t][j]'s output on row t; the runner
+  // writes every pair's row.
+  MoeScratch local;
+  std::vector<float>& y_routed = (scratch ? *scratch : local).y_routed;
+  if (y_routed.size() < size_t(n * k * D)) y_routed.resize(size_t(n * k * D));
   if (runner) {
     runner->run_routed(w, c, x, n, r, y_routed.data());
   } else {

@@ -45,9 +45,19 @@ class ExpertRunner {
 void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* const* x_rows, const int32_t* expert,
                        const float* weight, int64_t n_pairs, float* y);
 
+// What moe_forward may keep from one call to the next. The routed pairs'
+// outputs are n·k·D floats (200 MB for 2048 Flash rows); allocated afresh,
+// that block was mapped, faulted in, zeroed by the kernel and zeroed again on
+// every call (perf at N = 2048 with the AVX-512 kernels: ~8% of CPU in page
+// faults and memset). Every call overwrites the rows it reads.
+struct MoeScratch {
+  std::vector<float> y_routed;
+};
+
 // out [n][D] = bf16(Σ_routed y_e + y_shared), the routed sum in ascending
-// expert id. `runner` null: every expert runs here.
+// expert id. `runner` null: every expert runs here. `scratch` null: buffers
+// of this call only.
 void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
-                 int64_t n, float* out, ExpertRunner* runner = nullptr);
+                 int64_t n, float* out, ExpertRunner* runner = nullptr, MoeScratch* scratch = nullptr);
 
 }  // namespace dsv4
