@@ -702,6 +702,7 @@ int run_bench(const BenchOptions& o) {
                  {"fma_gflops_end", peak_end},
                  {"fma_gflops_1thread", peak.fma_gflops_1thread},
                  {"bf16_dot_gflops", peak.bf16_dot_gflops},
+                 {"bf16_insn_gflops", peak.bf16_insn_gflops},
                  {"threads", peak.threads}};
     j["openblas"] = openblas_routine();
     json ga = json::array();
@@ -757,7 +758,11 @@ int run_bench(const BenchOptions& o) {
               (long long)o.tile_tokens, (long long)o.chunk_tokens, isa_name(kernel_isa()));
   std::printf("peak: %.1f GFLOP/s on %d threads (start %.1f, end %.1f; %.1f on one thread)\n  %s\n",
               peak.fma_gflops, peak.threads, peak_start, peak_end, peak.fma_gflops_1thread, peak.method.c_str());
-  std::printf("  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n\n", peak.bf16_dot_gflops);
+  std::printf("  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n", peak.bf16_dot_gflops);
+  if (peak.bf16_insn_gflops > 0)
+    std::printf("  BF16 dot instructions (vdpbf16ps, registers only; not used by the kernels): %.1f GFLOP/s\n",
+                peak.bf16_insn_gflops);
+  std::printf("\n");
   if (!gemms.empty()) {
     std::printf("GEMM, BF16 weight and activations, fp32 out: engine linear() vs OpenBLAS\n  OpenBLAS: %s\n",
                 openblas_routine().c_str());

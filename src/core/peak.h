@@ -21,6 +21,7 @@ struct PeakResult {
   double fma_gflops = 0;          // fp32 FMA, registers only, all threads: the peak
   double fma_gflops_1thread = 0;  // the same on one thread
   double bf16_dot_gflops = 0;     // bf16 x bf16 dot products (fp32 accumulate), L1 data, all threads
+  double bf16_insn_gflops = 0;    // vdpbf16ps, registers only, all threads; 0: the CPU lacks it
   std::string method;             // what was measured, in words
 };
 
