@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/formats.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/linear.h"
@@ -48,25 +50,96 @@ TEST(Gemm, FastEqualsReferenceBitwise) {
   }
 }
 
+// Operands that are bf16 values, as the FP8/FP4 linears' (quantised
+// activations times power-of-two scales) and BF16 weights are: the BF16
+// dot-product kernel (Isa::kAvx512Bf16) takes them and must still give the
+// reference's bits. Odd K (a padded last pair), K over one k block, row and
+// panel tails.
+TEST(Gemm, Bf16OperandsEqualReferenceBitwise) {
+  const Isa best = kernel_isa();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  auto bf16_value = [&](float scale) { return bf16r(nd(rng) * scale); };
+  const int64_t dot_before = gemm_dot_panel_count();
+  for (auto [M, K, N] : {std::array<int64_t, 3>{1, 1, 1}, {3, 17, 5}, {13, 64, 33}, {25, 257, 47},
+                         {200, 256, 64}, {30, 2500, 37}, {385, 130, 20}}) {
+    std::vector<float> A(size_t(M * K)), B(size_t(N * K));
+    for (float& v : A) v = bf16_value(1.f);
+    for (float& v : B) v = bf16_value(0.05f);
+    auto load = dense_rows_loader(B.data(), K, N, K);
+    std::vector<float> ref(size_t(M * N)), fast(size_t(M * N));
+    gemm_reference(A.data(), K, M, K, N, load, GemmOut{ref.data(), N, false});
+    for (Isa isa : supported_isas()) {
+      set_kernel_isa(isa);
+      for (int threads : {1, 2}) {
+        ThreadPool::set_threads(threads);
+        std::fill(fast.begin(), fast.end(), -1.f);
+        gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, false});
+        EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
+            << M << "x" << K << "x" << N << " " << isa_name(isa) << " threads " << threads;
+      }
+    }
+    set_kernel_isa(best);
+    ThreadPool::set_threads(0);
+  }
+  const std::vector<Isa> have = supported_isas();
+  if (have.back() == Isa::kAvx512Bf16) {
+    EXPECT_GT(gemm_dot_panel_count(), dot_before) << "the BF16 kernel never ran";
+  }
+}
+
+// Where the BF16 kernel would flush a subnormal product to zero, gemm must
+// leave it to the fp32 kernels. 2^-70 · 2^-70 = 2^-140 is subnormal in fp32:
+// the FMA chain keeps it, vdpbf16ps would not. 2^-56 · 2^-56 = 2^-112 is
+// the smallest scale the BF16 kernel takes (core/cpu.h, kernels/gemm.cc).
+TEST(Gemm, Bf16KernelOnlyWhereNothingIsFlushed) {
+  const Isa best = kernel_isa();
+  const int64_t M = 24, K = 64, N = 32;
+  for (int e : {-70, -57, -56}) {
+    std::vector<float> A(size_t(M * K)), B(size_t(N * K));
+    for (size_t i = 0; i < A.size(); ++i) A[i] = std::ldexp(float(1 + int(i % 5)) * (i % 3 ? 1.f : -1.f), e);
+    for (size_t i = 0; i < B.size(); ++i) B[i] = std::ldexp(float(1 + int(i % 7)) * (i % 4 ? 1.f : -1.f), e);
+    auto load = dense_rows_loader(B.data(), K, N, K);
+    std::vector<float> ref(size_t(M * N)), fast(size_t(M * N));
+    gemm_reference(A.data(), K, M, K, N, load, GemmOut{ref.data(), N, false});
+    for (Isa isa : supported_isas()) {
+      set_kernel_isa(isa);
+      const int64_t before = gemm_dot_panel_count();
+      gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, false});
+      EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0) << "2^" << e << " " << isa_name(isa);
+      if (isa == Isa::kAvx512Bf16) {
+        // Values 1..7 times 2^e: the smallest biased exponent is e + 127.
+        const bool dot = 2 * (e + 127) >= 142;
+        EXPECT_EQ(gemm_dot_panel_count() > before, dot) << "2^" << e;
+      }
+    }
+    set_kernel_isa(best);
+  }
+}
+
 TEST(Gemm, KernelVariantChoice) {
   const std::vector<Isa> have = supported_isas();
   ASSERT_FALSE(have.empty());
   EXPECT_EQ(have.front(), Isa::kScalar);
   EXPECT_EQ(kernel_isa(), have.back()) << "the fastest variant by default";
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) EXPECT_EQ(parse_isa(isa_name(isa), "DSV4_ISA"), isa);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) EXPECT_EQ(parse_isa(isa_name(isa), "DSV4_ISA"), isa);
   try {
     parse_isa("sse2", "DSV4_ISA");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("DSV4_ISA: expected scalar, avx2 or avx512, got 'sse2'"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("DSV4_ISA: expected scalar, avx2, avx512 or avx512bf16, got 'sse2'"), std::string::npos)
         << e.what();
   }
-  if (have.back() != Isa::kAvx512) {
+  // The variants past the fastest one this CPU has are refused.
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    if (isa <= have.back()) continue;
     try {
-      set_kernel_isa(Isa::kAvx512);
+      set_kernel_isa(isa);
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("'avx512' is not supported"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + isa_name(isa) + "' is not supported"),
+                std::string::npos)
+          << e.what();
     }
     EXPECT_EQ(kernel_isa(), have.back()) << "a refused choice leaves the variant as it was";
   }

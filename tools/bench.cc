@@ -616,7 +616,7 @@ int run_bench(const BenchOptions& o) {
   progress.begin("peak microbenchmark", 6 * o.peak_seconds);
   PeakResult peak = measure_peak(pool, o.peak_seconds);
   progress.end();
-  const double peak_start = peak.fma_gflops;
+  const double peak_start = peak.gflops;
 
   std::vector<GemmResult> gemms;
   std::vector<std::string> warnings;  // printed after the progress bar
@@ -671,10 +671,10 @@ int run_bench(const BenchOptions& o) {
   }
   // The peak once more: other processes may have held a core at the start.
   progress.begin("peak microbenchmark", 3 * o.peak_seconds);
-  const double peak_end = measure_fma_gflops(pool, o.peak_seconds);
+  const double peak_end = measure_peak_gflops(pool, o.peak_seconds);
   progress.end();
-  peak.fma_gflops = std::max(peak_start, peak_end);
-  const double peak_gflops = peak.fma_gflops;
+  peak.gflops = std::max(peak_start, peak_end);
+  const double peak_gflops = peak.gflops;
   const double total_s = since(t_all);
   progress.finish();
   for (const std::string& w : warnings) std::fprintf(stderr, "dsv4 bench: warning: %s\n", w.c_str());
@@ -697,10 +697,11 @@ int run_bench(const BenchOptions& o) {
     j["kernel_isa"] = isa_name(kernel_isa());
     j["peak_gflops"] = peak_gflops;
     j["peak"] = {{"method", peak.method},
+                 {"gflops", peak.gflops},
+                 {"gflops_start", peak_start},
+                 {"gflops_end", peak_end},
+                 {"gflops_1thread", peak.gflops_1thread},
                  {"fma_gflops", peak.fma_gflops},
-                 {"fma_gflops_start", peak_start},
-                 {"fma_gflops_end", peak_end},
-                 {"fma_gflops_1thread", peak.fma_gflops_1thread},
                  {"bf16_dot_gflops", peak.bf16_dot_gflops},
                  {"bf16_insn_gflops", peak.bf16_insn_gflops},
                  {"threads", peak.threads}};
@@ -757,12 +758,10 @@ int run_bench(const BenchOptions& o) {
   std::printf("threads: %d, tile_tokens: %lld, chunk_tokens: %lld, GEMM kernels: %s\n\n", threads,
               (long long)o.tile_tokens, (long long)o.chunk_tokens, isa_name(kernel_isa()));
   std::printf("peak: %.1f GFLOP/s on %d threads (start %.1f, end %.1f; %.1f on one thread)\n  %s\n",
-              peak.fma_gflops, peak.threads, peak_start, peak_end, peak.fma_gflops_1thread, peak.method.c_str());
-  std::printf("  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n", peak.bf16_dot_gflops);
-  if (peak.bf16_insn_gflops > 0)
-    std::printf("  BF16 dot instructions (vdpbf16ps, registers only; not used by the kernels): %.1f GFLOP/s\n",
-                peak.bf16_insn_gflops);
-  std::printf("\n");
+              peak.gflops, peak.threads, peak_start, peak_end, peak.gflops_1thread, peak.method.c_str());
+  std::printf("  fp32 FMA: %.1f GFLOP/s", peak.fma_gflops);
+  if (peak.bf16_insn_gflops > 0) std::printf("; BF16 dot instructions (vdpbf16ps): %.1f GFLOP/s", peak.bf16_insn_gflops);
+  std::printf("\n  bf16 dot product (convert + FMA, L1 data): %.1f GFLOP/s\n\n", peak.bf16_dot_gflops);
   if (!gemms.empty()) {
     std::printf("GEMM, BF16 weight and activations, fp32 out: engine linear() vs OpenBLAS\n  OpenBLAS: %s\n",
                 openblas_routine().c_str());

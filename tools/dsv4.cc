@@ -156,7 +156,7 @@ commands:
 
 Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage
 (projections, compressors, indexer, attention, gate, experts, hc, head).
-DSV4_ISA=scalar|avx2|avx512 picks the GEMM kernel variant (default: the
+DSV4_ISA=scalar|avx2|avx512|avx512bf16 picks the GEMM kernel variant (default: the
 fastest this CPU runs); every variant gives the same bits, only the speed
 differs.
 

@@ -17,8 +17,14 @@ bool cpu_has(Isa isa) {
     case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #ifdef DSV4_HAVE_AVX512_KERNELS
     case Isa::kAvx512: return __builtin_cpu_supports("avx512f");
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+    case Isa::kAvx512Bf16: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
 #else
-    case Isa::kAvx512: return false;
+    case Isa::kAvx512Bf16: return false;
+#endif
+#else
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16: return false;
 #endif
 #else
     default: return false;
@@ -36,13 +42,14 @@ const char* isa_name(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512bf16";
   }
   return "?";
 }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> r;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
     if (cpu_has(isa)) r.push_back(isa);
   return r;
 }
@@ -67,9 +74,9 @@ void set_kernel_isa(Isa isa) {
 }
 
 Isa parse_isa(const std::string& s, const std::string& what) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
     if (s == isa_name(isa)) return isa;
-  throw Error(what + ": expected scalar, avx2 or avx512, got '" + s + "'");
+  throw Error(what + ": expected scalar, avx2, avx512 or avx512bf16, got '" + s + "'");
 }
 
 }  // namespace dsv4

@@ -73,8 +73,8 @@ __attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t ite
 }
 
 // vdpbf16ps (AVX512-BF16) in kChains independent chains: each instruction
-// is 32 bf16 products added into 16 fp32 lanes (64 flops). The kernels do
-// not use it (core/cpu.h); it is measured to show what the CPU could do.
+// is 32 bf16 products added into 16 fp32 lanes (64 flops). Only called on
+// CPUs with AVX512-BF16 (Isa::kAvx512Bf16 supported).
 // acc grows by 2·2^-10 per instruction: no overflow, no subnormals.
 __attribute__((noinline, target("avx512f,avx512bf16"))) float dpbf16_kernel(int64_t iters, float seed) {
   const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80), small = (__m512bh)_mm512_set1_epi16(0x3a80);
@@ -191,75 +191,72 @@ double best_rate(ThreadPool& pool, double seconds, double flops_per_item, double
   return best;
 }
 
-// The FMA loop of the widest vectors this CPU has.
-struct FmaLoop {
+// A register-only loop: `run` returns a value that depends on every step.
+struct Loop {
   float (*run)(int64_t iters, float seed);
-  int lanes;
+  double flops_per_iter;
+  const char* what;
 };
 
-FmaLoop fma_loop() {
+// The fp32 FMA loop of the widest vectors this CPU has.
+Loop fma_loop() {
 #ifdef DSV4_PEAK_AVX2
-  if (supported_isas().back() == Isa::kAvx512) return {fma_kernel_avx512, 16};
-  return {fma_kernel, 8};
+  if (supported_isas().back() >= Isa::kAvx512)
+    return {fma_kernel_avx512, 2.0 * 16 * kChains, "fp32 FMA (AVX-512, 12 independent 16-lane chains per thread)"};
+  return {fma_kernel, 2.0 * 8 * kChains, "fp32 FMA (AVX2, 12 independent 8-lane chains per thread)"};
 #else
-  return {fma_kernel, 1};
+  return {fma_kernel, 2.0 * kChains, "scalar fp32 FMA (built without AVX2+FMA)"};
 #endif
 }
 
-// GFLOP/s of `loop` (flops_per_iter each iteration) on all threads of pool.
-double measure_loop_gflops(ThreadPool& pool, double seconds, float (*loop)(int64_t, float), double flops_per_iter) {
+// The loop of the arithmetic the GEMM kernels use now (kernel_isa()).
+Loop peak_loop() {
+#ifdef DSV4_PEAK_AVX2
+  if (kernel_isa() == Isa::kAvx512Bf16)
+    return {dpbf16_kernel, 4.0 * 16 * kChains,
+            "BF16 dot product vdpbf16ps (AVX512-BF16, 12 independent 16-lane chains per thread, 64 flops per "
+            "instruction), which the GEMM kernels use where it gives the fp32 FMA chain's bits (core/cpu.h)"};
+#endif
+  return fma_loop();
+}
+
+// GFLOP/s of `loop` on all threads of pool.
+double measure_loop_gflops(ThreadPool& pool, double seconds, const Loop& loop) {
   // Calibrate one item to ~2 ms on one thread.
   int64_t iters = 1 << 14;
   for (;;) {
     const auto t0 = Clock::now();
-    g_sink = g_sink + loop(iters, 1.f);
+    g_sink = g_sink + loop.run(iters, 1.f);
     if (since(t0) > 2e-3 || iters > (int64_t(1) << 30)) break;
     iters *= 2;
   }
   const auto t0 = Clock::now();
-  g_sink = g_sink + loop(iters, 2.f);
+  g_sink = g_sink + loop.run(iters, 2.f);
   const double item_s = since(t0);
-  return best_rate(pool, seconds, flops_per_iter * double(iters), item_s,
-                   [&](int64_t i) { return loop(iters, float(i & 7)); });
-}
-
-bool cpu_has_avx512_bf16() {
-#ifdef DSV4_PEAK_AVX2
-  return supported_isas().back() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
+  return best_rate(pool, seconds, loop.flops_per_iter * double(iters), item_s,
+                   [&](int64_t i) { return loop.run(iters, float(i & 7)); });
 }
 
 }  // namespace
 
-double measure_fma_gflops(ThreadPool& pool, double seconds) {
-  const FmaLoop loop = fma_loop();
-  return measure_loop_gflops(pool, seconds, loop.run, 2.0 * kChains * loop.lanes);
-}
+double measure_peak_gflops(ThreadPool& pool, double seconds) { return measure_loop_gflops(pool, seconds, peak_loop()); }
 
 PeakResult measure_peak(ThreadPool& pool, double seconds) {
   PeakResult r;
   r.threads = pool.size();
-  const int lanes = fma_loop().lanes;
-  r.method = lanes == 1 ? "scalar fp32 FMA (built without AVX2+FMA)"
-                        : std::string("fp32 FMA (") + (lanes == 16 ? "AVX-512" : "AVX2") + ", " +
-                              std::to_string(kChains) + " independent " + std::to_string(lanes) +
-                              "-lane chains per thread); the kernels run BF16 as bf16->fp32 + fp32 FMA";
-  if (cpu_has_avx512_bf16()) {
-#ifdef DSV4_PEAK_AVX2
-    r.method += " and do not use this CPU's BF16 dot instructions (vdpbf16ps; see core/cpu.h)";
-    r.bf16_insn_gflops = measure_loop_gflops(pool, seconds, dpbf16_kernel, 4.0 * 16 * kChains);
-#endif
-  } else {
-    r.method += " (this CPU has no BF16 dot instructions)";
-  }
-
-  r.fma_gflops = measure_fma_gflops(pool, seconds);
+  const Loop peak = peak_loop(), fma = fma_loop();
+  r.method = peak.what;
+  r.gflops = measure_loop_gflops(pool, seconds, peak);
   {
     ThreadPool one(1);
-    r.fma_gflops_1thread = measure_fma_gflops(one, seconds / 2);
+    r.gflops_1thread = measure_loop_gflops(one, seconds / 2, peak);
   }
+  r.fma_gflops = peak.run == fma.run ? r.gflops : measure_loop_gflops(pool, seconds, fma);
+#ifdef DSV4_PEAK_AVX2
+  if (supported_isas().back() == Isa::kAvx512Bf16)
+    r.bf16_insn_gflops = peak.run == dpbf16_kernel ? r.gflops
+                                                   : measure_loop_gflops(pool, seconds, {dpbf16_kernel, 4.0 * 16 * kChains, ""});
+#endif
 
   // BF16 dot products over 2 x 4 KiB of bf16 (L1-resident), per thread.
   const int64_t n = 2048;

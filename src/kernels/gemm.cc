@@ -1,6 +1,7 @@
 #include "kernels/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -64,13 +65,59 @@ MicroKernel micro_kernel(Isa isa) {
     case Isa::kAvx2: return {Ymm::kRows, Ymm::kPanels, micro_rows<Ymm>};
 #endif
 #ifdef DSV4_HAVE_AVX512_KERNELS
-    case Isa::kAvx512: return {kGemmMRAvx512, kGemmNPAvx512, gemm_micro_rows_avx512};
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16:  // for the panels that the BF16 kernel cannot take
+      return {kGemmMRAvx512, kGemmNPAvx512, gemm_micro_rows_avx512};
 #endif
     default: return {Scalar::kRows, Scalar::kPanels, micro_rows<Scalar>};
   }
 }
 
+// vdpbf16ps flushes subnormal inputs and results to zero; the fp32 chain
+// keeps them. A bf16 value is m·2^(E−7) with m an integer, E its unbiased
+// exponent, so a product of two is a multiple of 2^(Ea+Eb−14). When that is
+// at least 2^−126 for the smallest exponents of A and of a panel, every
+// product and every sum of them is a multiple of 2^−126: zero or normal,
+// never subnormal, so nothing is flushed and both chains agree. In biased
+// exponents (e = E + 127): ea + eb − 254 − 14 ≥ −126.
+constexpr int kDotMinBiasedExponentSum = 142;
+
+std::atomic<int64_t> g_dot_panels{0};
+
+// Packs A into bf16 pairs (Isa::kAvx512Bf16): true when the BF16 kernel may
+// read it; *min_exponent as gemm_pack_rows_bf16 gives it. Rows in blocks
+// over the pool.
+bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, bool parallel, std::vector<uint32_t>& out,
+                  int* min_exponent) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  const int64_t KH = (K + 1) / 2, rows_per_block = 32, blocks = (M + rows_per_block - 1) / rows_per_block;
+  out.resize(size_t(M * KH));
+  std::vector<int> ok(static_cast<size_t>(blocks)), exps(static_cast<size_t>(blocks));
+  auto pack = [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t m0 = b * rows_per_block, rows = std::min(rows_per_block, M - m0);
+      ok[size_t(b)] = gemm_pack_rows_bf16(A + m0 * lda, lda, rows, K, out.data() + m0 * KH, &exps[size_t(b)]);
+    }
+  };
+  if (parallel)
+    ThreadPool::global().parallel_for(blocks, pack);
+  else
+    pack(0, blocks, 0);
+  *min_exponent = 255;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (!ok[size_t(b)]) return false;
+    *min_exponent = std::min(*min_exponent, exps[size_t(b)]);
+  }
+  return true;
+#else
+  (void)A, (void)lda, (void)M, (void)K, (void)parallel, (void)out, (void)min_exponent;
+  return false;
+#endif
+}
+
 }  // namespace
+
+int64_t gemm_dot_panel_count() { return g_dot_panels.load(std::memory_order_relaxed); }
 
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
           bool parallel) {
@@ -96,17 +143,41 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
     return;
   }
   const int64_t panels = (N + NR - 1) / NR, tasks = (panels + GP - 1) / GP;
+  // Isa::kAvx512Bf16: A and each panel are also packed into bf16 pairs, and
+  // the BF16 kernel takes every panel pair where that is exact (see
+  // kDotMinBiasedExponentSum); the others run on the fp32 kernel. Both give
+  // the same bits, so the choice per panel changes only the speed.
+  std::vector<uint32_t> Ap;
+  int a_exp = 255;
+  const bool dot = kernel_isa() == Isa::kAvx512Bf16 && pack_a_pairs(A, lda, M, K, parallel, Ap, &a_exp);
+  const int64_t KH = (K + 1) / 2;
+  static_assert(KC % 2 == 0, "k blocks start on a pair");
   // Each task: GP panels (dequantised once, for all M), then per chunk of
   // MC rows, per k block, each micro-tile of A against each panel.
   auto body = [&](int64_t t0, int64_t t1, int) {
     thread_local std::vector<float> B, C;
+    thread_local std::vector<uint32_t> Bp;
     B.resize(size_t(GP * K * NR));
     C.resize(size_t(MC * GP * NR));
+    if (dot) Bp.resize(size_t(GP * KH * NR));
     const int64_t ldc = GP * NR;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t p0 = t * GP, np = std::min(GP, panels - p0);
       const int64_t n0 = p0 * NR, nc = std::min(np * NR, N - n0);
-      for (int64_t g = 0; g < np; ++g) load((p0 + g) * NR, B.data() + g * K * NR);
+      bool pairs[GP] = {};
+      int64_t dot_panels = 0;
+      for (int64_t g = 0; g < np; ++g) {
+        load((p0 + g) * NR, B.data() + g * K * NR);
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+        int e = 255;
+        if (dot && gemm_pack_panel_bf16(B.data() + g * K * NR, K, Bp.data() + g * KH * NR, &e) &&
+            a_exp + e >= kDotMinBiasedExponentSum) {
+          pairs[g] = true;
+          ++dot_panels;
+        }
+#endif
+      }
+      if (dot_panels) g_dot_panels.fetch_add(dot_panels, std::memory_order_relaxed);
       for (int64_t m0 = 0; m0 < M; m0 += MC) {
         const int64_t mc = std::min(MC, M - m0);
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -114,9 +185,19 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
           for (int64_t i = 0; i < mc; i += MR) {
             const int rows = int(std::min<int64_t>(MR, mc - i));
             const float* a = A + (m0 + i) * lda + k0;
-            for (int64_t g = 0; g < np; g += mk.np)
-              mk.rows(rows, int(std::min<int64_t>(mk.np, np - g)), a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc,
-                      C.data() + i * ldc + g * NR, ldc, k0 == 0);
+            for (int64_t g = 0; g < np; g += mk.np) {
+              const int pn = int(std::min<int64_t>(mk.np, np - g));
+              float* c = C.data() + i * ldc + g * NR;
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+              if (pairs[g] && (pn == 1 || pairs[g + 1])) {
+                gemm_micro_rows_avx512bf16(rows, pn, Ap.data() + (m0 + i) * KH + k0 / 2, KH,
+                                           Bp.data() + g * KH * NR + (k0 / 2) * NR, KH * NR, (kc + 1) / 2, c, ldc,
+                                           k0 == 0);
+                continue;
+              }
+#endif
+              mk.rows(rows, pn, a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc, c, ldc, k0 == 0);
+            }
           }
         }
         for (int64_t m = 0; m < mc; ++m) {

@@ -28,6 +28,10 @@ struct GemmOut {
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
           bool parallel = true);
 
+// Panels the BF16 dot-product kernel has taken since the process started
+// (Isa::kAvx512Bf16): lets tests see that the path ran.
+int64_t gemm_dot_panel_count();
+
 // Plain loops with std::fma in ascending k: the definition gemm is tested against.
 void gemm_reference(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load,
                     const GemmOut& out);

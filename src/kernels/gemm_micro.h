@@ -85,4 +85,18 @@ constexpr int kGemmMRAvx512 = 12, kGemmNPAvx512 = 2;
 void gemm_micro_rows_avx512(int rows, int panels, const float* A, int64_t lda, const float* P, int64_t pstride,
                             int64_t kc, float* C, int64_t ldc, bool first);
 
+// gemm_avx512bf16.cc, for Isa::kAvx512Bf16 only. Pairs are dwords of two
+// bf16 values, k in the high half and k + 1 in the low one (zero past K).
+// micro_rows over pair operands: A rows of kp pairs (stride lda dwords),
+// panels [kp][16] pairs, pstride dwords apart; the same chains as above.
+void gemm_micro_rows_avx512bf16(int rows, int panels, const uint32_t* A, int64_t lda, const uint32_t* P,
+                                int64_t pstride, int64_t kp, float* C, int64_t ldc, bool first);
+// Packs a [K][16] fp32 panel into [ceil(K/2)][16] pairs. True when every
+// value is a bf16 value that is zero or normal; *min_exponent is the
+// smallest biased exponent of the non-zero values (255 when there are none).
+bool gemm_pack_panel_bf16(const float* panel, int64_t K, uint32_t* out, int* min_exponent);
+// Packs `rows` rows of K fp32 values (stride lda) into rows of ceil(K/2)
+// pairs, with the same check.
+bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int* min_exponent);
+
 }  // namespace dsv4

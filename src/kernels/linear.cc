@@ -286,7 +286,7 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
     return dequant_panel_reference(o0, o_end, panel);
 #ifdef DSV4_HAVE_AVX512_KERNELS
-  if (kind == Kind::kFP4 && kernel_isa() == Isa::kAvx512) return panel_fp4_avx512(*this, o0, o_end, panel);
+  if (kind == Kind::kFP4 && kernel_isa() >= Isa::kAvx512) return panel_fp4_avx512(*this, o0, o_end, panel);
 #endif
   switch (kind) {
     case Kind::kF32: return panel_f32(*this, o0, o_end, panel);

@@ -1,6 +1,6 @@
 // AVX-512 panel decoding for FP4 weights. Compiled with -mavx512f
 // (CMakeLists.txt); Weight::dequant_panel calls it only when kernel_isa() is
-// Isa::kAvx512. Like gemm_avx512.cc this file calls no inline function or
+// Isa::kAvx512 or later. Like gemm_avx512.cc this file calls no inline function or
 // template of another header: an out-of-line copy compiled here could be the
 // one the linker keeps for the whole program.
 //
