@@ -3,6 +3,7 @@
 // output in ascending k).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -115,6 +116,65 @@ TEST(Gemm, Bf16KernelOnlyWhereNothingIsFlushed) {
     }
     set_kernel_isa(best);
   }
+}
+
+// The FP4 decoder straight to bf16 pairs (Isa::kAvx512Bf16) against the
+// reference panel: the same values, k in the high half, k + 1 in the low
+// one; refused where a scale would make a value subnormal or infinite.
+TEST(Gemm, Fp4PairPanelsEqualReferencePanels) {
+  if (supported_isas().back() != Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const Isa best = kernel_isa();
+  set_kernel_isa(Isa::kAvx512Bf16);
+  std::mt19937 rng(3);
+  const int64_t out = 37, in = 192;
+  std::vector<uint8_t> data(size_t(out * in / 2)), scale(size_t(out * in / 32));
+  for (uint8_t& b : data) b = uint8_t(rng());
+  for (int edge : {-1, 0, 1, 2, 252, 253, 255}) {
+    for (size_t i = 0; i < scale.size(); ++i) scale[i] = uint8_t(2 + rng() % 251);  // 2..252
+    if (edge >= 0) scale[size_t(rng() % scale.size())] = uint8_t(edge);
+    Weight w;
+    w.kind = Weight::Kind::kFP4;
+    w.out = out;
+    w.in = in;
+    w.data = data.data();
+    w.scale = scale.data();
+    bool all_taken = true;
+    for (int64_t o0 = 0; o0 < out; o0 += kGemmNR) {
+      std::vector<float> ref(size_t(in * kGemmNR));
+      std::vector<uint32_t> pairs(size_t(in / 2 * kGemmNR), 0xdeadbeef);
+      w.dequant_panel_reference(o0, out, ref.data());
+      int min_exp = -1;
+      const bool taken = w.dequant_panel_pairs(o0, out, pairs.data(), &min_exp);
+      all_taken = all_taken && taken;
+      bool codes_ok = true;
+      for (int64_t o = o0; o < std::min(out, o0 + kGemmNR); ++o)
+        for (int64_t b = 0; b < in / 32; ++b) {
+          const int c = scale[size_t(o * (in / 32) + b)];
+          codes_ok = codes_ok && c >= 2 && c <= 252;
+        }
+      EXPECT_EQ(taken, codes_ok) << "edge " << edge << " o0 " << o0;
+      if (!taken) continue;
+      for (int64_t k = 0; k < in; k += 2)
+        for (int j = 0; j < kGemmNR; ++j) {
+          uint32_t x, y;
+          std::memcpy(&x, &ref[size_t(k * kGemmNR + j)], 4);
+          std::memcpy(&y, &ref[size_t((k + 1) * kGemmNR + j)], 4);
+          ASSERT_EQ(x & 0xffffu, 0u);  // the reference values are bf16 values
+          ASSERT_EQ(y & 0xffffu, 0u);
+          ASSERT_EQ(pairs[size_t(k / 2 * kGemmNR + j)], (x & 0xffff0000u) | (y >> 16))
+              << "edge " << edge << " o0 " << o0 << " k " << k << " j " << j;
+          for (uint32_t v : {x, y}) {
+            if (v & 0x7fffffffu) {
+              EXPECT_LE(min_exp, int((v >> 23) & 0xff)) << "a lower bound";
+            }
+          }
+        }
+    }
+    if (edge < 0 || (edge >= 2 && edge <= 252)) {
+      EXPECT_TRUE(all_taken) << "edge " << edge;
+    }
+  }
+  set_kernel_isa(best);
 }
 
 TEST(Gemm, KernelVariantChoice) {

@@ -120,7 +120,7 @@ bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, bool parall
 int64_t gemm_dot_panel_count() { return g_dot_panels.load(std::memory_order_relaxed); }
 
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
-          bool parallel) {
+          bool parallel, const PairLoader* load_pairs) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // empty sums
     for (int64_t m = 0; m < M; ++m) std::fill(out.c + m * out.ldc, out.c + m * out.ldc + N, 0.f);
@@ -139,7 +139,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   if (N >= 2048 && MS >= 2 * MC && M > MS && M * K * 4 > (int64_t(4) << 20)) {
     for (int64_t m0 = 0; m0 < M; m0 += MS)
       gemm(A + m0 * lda, lda, std::min(MS, M - m0), K, N, load, GemmOut{out.c + m0 * out.ldc, out.ldc, out.bf16},
-           parallel);
+           parallel, load_pairs);
     return;
   }
   const int64_t panels = (N + NR - 1) / NR, tasks = (panels + GP - 1) / GP;
@@ -164,18 +164,30 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t p0 = t * GP, np = std::min(GP, panels - p0);
       const int64_t n0 = p0 * NR, nc = std::min(np * NR, N - n0);
+      // pairs[g]: panel g runs on the BF16 kernel (from Bp), else on the
+      // fp32 one (from B).
       bool pairs[GP] = {};
       int64_t dot_panels = 0;
       for (int64_t g = 0; g < np; ++g) {
-        load((p0 + g) * NR, B.data() + g * K * NR);
+        float* b = B.data() + g * K * NR;
+        bool loaded = false;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-        int e = 255;
-        if (dot && gemm_pack_panel_bf16(B.data() + g * K * NR, K, Bp.data() + g * KH * NR, &e) &&
-            a_exp + e >= kDotMinBiasedExponentSum) {
-          pairs[g] = true;
-          ++dot_panels;
+        if (dot) {
+          uint32_t* bp = Bp.data() + g * KH * NR;
+          int e = 255;
+          bool exact;
+          if (load_pairs) {
+            exact = (*load_pairs)((p0 + g) * NR, bp, &e);
+          } else {
+            load((p0 + g) * NR, b);
+            loaded = true;
+            exact = gemm_pack_panel_bf16(b, K, bp, &e);
+          }
+          pairs[g] = exact && a_exp + e >= kDotMinBiasedExponentSum;
+          dot_panels += pairs[g];
         }
 #endif
+        if (!pairs[g] && !loaded) load((p0 + g) * NR, b);
       }
       if (dot_panels) g_dot_panels.fetch_add(dot_panels, std::memory_order_relaxed);
       for (int64_t m0 = 0; m0 < M; m0 += MC) {
@@ -185,18 +197,25 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
           for (int64_t i = 0; i < mc; i += MR) {
             const int rows = int(std::min<int64_t>(MR, mc - i));
             const float* a = A + (m0 + i) * lda + k0;
-            for (int64_t g = 0; g < np; g += mk.np) {
-              const int pn = int(std::min<int64_t>(mk.np, np - g));
+            // Panels [g, g + n) on one kernel.
+            auto run = [&](int64_t g, int n) {
               float* c = C.data() + i * ldc + g * NR;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-              if (pairs[g] && (pn == 1 || pairs[g + 1])) {
-                gemm_micro_rows_avx512bf16(rows, pn, Ap.data() + (m0 + i) * KH + k0 / 2, KH,
-                                           Bp.data() + g * KH * NR + (k0 / 2) * NR, KH * NR, (kc + 1) / 2, c, ldc,
-                                           k0 == 0);
-                continue;
-              }
+              if (pairs[g])
+                return gemm_micro_rows_avx512bf16(rows, n, Ap.data() + (m0 + i) * KH + k0 / 2, KH,
+                                                  Bp.data() + g * KH * NR + (k0 / 2) * NR, KH * NR, (kc + 1) / 2, c,
+                                                  ldc, k0 == 0);
 #endif
-              mk.rows(rows, pn, a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc, c, ldc, k0 == 0);
+              mk.rows(rows, n, a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc, c, ldc, k0 == 0);
+            };
+            for (int64_t g = 0; g < np; g += mk.np) {
+              const int pn = int(std::min<int64_t>(mk.np, np - g));
+              if (pn == 2 && pairs[g] != pairs[g + 1]) {
+                run(g, 1);
+                run(g + 1, 1);
+              } else {
+                run(g, pn);
+              }
             }
           }
         }

@@ -18,6 +18,12 @@ constexpr int kGemmNR = 16;  // B rows per panel
 // Writes B rows [n0, n0 + 16) into panel[k * 16 + j] (zeros past N).
 using PanelLoader = std::function<void(int64_t n0, float* panel)>;
 
+// Optional, for the BF16 kernel (Isa::kAvx512Bf16): writes the same panel
+// straight as bf16 pairs [ceil(K/2)][16] (gemm_micro.h), skipping the fp32
+// panel. Returns false when it cannot give exact bf16 values; otherwise sets
+// *min_exponent to a lower bound of the non-zero values' biased exponents.
+using PairLoader = std::function<bool(int64_t n0, uint32_t* pairs, int* min_exponent)>;
+
 struct GemmOut {
   float* c = nullptr;
   int64_t ldc = 0;
@@ -26,7 +32,7 @@ struct GemmOut {
 
 // Threads split the work by panels; results do not depend on the split.
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
-          bool parallel = true);
+          bool parallel = true, const PairLoader* load_pairs = nullptr);
 
 // Panels the BF16 dot-product kernel has taken since the process started
 // (Isa::kAvx512Bf16): lets tests see that the path ran.

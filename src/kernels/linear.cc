@@ -280,6 +280,15 @@ void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 
 }  // namespace
 
+bool Weight::dequant_panel_pairs(int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) const {
+#ifdef DSV4_HAVE_AVX512_KERNELS
+  if (kind == Kind::kFP4 && kernel_isa() == Isa::kAvx512Bf16)
+    return panel_fp4_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+#endif
+  (void)o0, (void)o_end, (void)pairs, (void)min_exponent;
+  return false;
+}
+
 void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   // The 8-wide paths read rows 16 bytes at a time: whole groups of 4 or 8
   // values (F32, BF16), 32 (FP4, its scale block) or 16 inside one scale block (FP8).
@@ -367,7 +376,12 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   // reduction order (one FMA chain per output, ascending k).
   const int64_t rows = row_end - row_begin;
   auto load = [&](int64_t n0, float* panel) { w.dequant_panel(row_begin + n0, row_end, panel); };
-  gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16});
+  // FP4 panels go to the BF16 kernel as pairs directly (no fp32 panel).
+  const PairLoader load_pairs = [&](int64_t n0, uint32_t* pairs, int* min_exponent) {
+    return w.dequant_panel_pairs(row_begin + n0, row_end, pairs, min_exponent);
+  };
+  const bool pairs = w.kind == Weight::Kind::kFP4 && kernel_isa() == Isa::kAvx512Bf16;
+  gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16}, true, pairs ? &load_pairs : nullptr);
 }
 
 }  // namespace dsv4

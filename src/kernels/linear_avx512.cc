@@ -19,8 +19,10 @@
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() (a self-initialised
 // variable) as the unused merge operand, which -Wmaybe-uninitialized reports
-// once they are inlined here (GCC bug 105593, fixed in GCC 13).
+// (or -Wuninitialized) once they are inlined here (GCC bug 105593, fixed in
+// GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace dsv4 {
 
@@ -61,12 +63,16 @@ struct Rows16 {
     out[2] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
     out[3] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
   }
-  // The rows' e8m0 scales of block `col` as fp32, as e8m0_to_f32 gives them
-  // (code 0 is 2^-127, an fp32 subnormal).
-  __m512 scales(int64_t col) const {
+  // The rows' e8m0 scale codes of block `col`, one per lane.
+  __m512i scale_codes(int64_t col) const {
     alignas(64) int32_t e[16];
     for (int i = 0; i < 16; ++i) e[i] = scale[i][col];
-    const __m512i v = _mm512_load_si512(e);
+    return _mm512_load_si512(e);
+  }
+  // The same as fp32, as e8m0_to_f32 gives them (code 0 is 2^-127, an fp32
+  // subnormal).
+  __m512 scales(int64_t col) const {
+    const __m512i v = scale_codes(col);
     const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero, _mm512_set1_epi32(0x00400000)));
   }
@@ -105,6 +111,44 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
       }
     }
   }
+}
+
+bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
+  static_assert(kGemmNR == 16, "one zmm lane per panel row");
+  const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
+  // bf16 bits of the e2m1 codes; a scale 2^(s-127) adds s - 127 to a
+  // non-zero value's exponent field (bits 7-14).
+  const __m512i table = _mm512_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000,
+                                          0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0);
+  const __m512i magnitude = _mm512_set1_epi32(0x7fff);
+  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
+  for (int64_t k = 0; k < w.in; k += 32) {
+    const __m512i s = r.scale_codes(k / 32);
+    lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
+    hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
+    const __m512i shift = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(127)), 7);
+    __m512 v[4];
+    r.dwords4(k / 2, v);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i codes = _mm512_castps_si512(v[j]);
+#pragma GCC unroll 4
+      for (int n = 0; n < 8; n += 2) {
+        __m512i x = _mm512_permutexvar_epi32(_mm512_srli_epi32(codes, 4 * n), table);
+        __m512i y = _mm512_permutexvar_epi32(_mm512_srli_epi32(codes, 4 * n + 4), table);
+        x = _mm512_mask_add_epi32(x, _mm512_test_epi32_mask(x, magnitude), x, shift);
+        y = _mm512_mask_add_epi32(y, _mm512_test_epi32_mask(y, magnitude), y, shift);
+        const __m512i pair = _mm512_or_si512(_mm512_slli_epi32(x, 16), y);
+        _mm512_storeu_si512(pairs + ((k + 8 * j + n) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
+      }
+    }
+  }
+  // Codes 2-252 keep every value normal and finite: 0.5 · 2^(2-127) =
+  // 2^-126, 6 · 2^(252-127) < 2^128. The smallest non-zero magnitude, 0.5,
+  // gives the smallest exponent: s - 1 biased.
+  const int lowest = _mm512_reduce_min_epi32(lo), highest = _mm512_reduce_max_epi32(hi);
+  *min_exponent = lowest - 1;
+  return lowest >= 2 && highest <= 252;
 }
 
 }  // namespace dsv4

@@ -12,4 +12,9 @@ namespace dsv4 {
 // equal to dequant_panel_reference.
 void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel);
 
+// Weight::dequant_panel_pairs for an FP4 weight: the same panel as bf16
+// pairs (gemm.h PairLoader); false when a scale would make a value
+// subnormal or infinite.
+bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent);
+
 }  // namespace dsv4
