@@ -35,7 +35,9 @@ struct Rows16 {
   const uint8_t* data[16];
   const uint8_t* scale[16];
   __mmask16 keep = 0;
-  Rows16(const Weight& w, int64_t o0, int64_t o_end, int64_t row_bytes, int64_t scale_row_bytes) {
+  int64_t row_bytes;
+  Rows16(const Weight& w, int64_t o0, int64_t o_end, int64_t row_bytes_, int64_t scale_row_bytes)
+      : row_bytes(row_bytes_) {
     for (int i = 0; i < 16; ++i) {
       const bool valid = o0 + i < o_end;
       const int64_t row = valid ? o0 + i : o0;
@@ -63,6 +65,14 @@ struct Rows16 {
     out[2] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
     out[3] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
   }
+  // The rows are short streams (2 KB at in = 4096) that the hardware
+  // prefetcher picks up late: at each new 64-byte line (`byte` a multiple of
+  // 64), ask for the next panel's line at the same offset (a prefetch never
+  // faults, so past the weight's end it costs only the request).
+  void prefetch_next_panel(int64_t byte) const {
+    if (byte % 64 != 0) return;
+    for (int i = 0; i < 16; ++i) _mm_prefetch(reinterpret_cast<const char*>(data[i] + 16 * row_bytes + byte), _MM_HINT_T0);
+  }
   // The rows' e8m0 scale codes of block `col`, one per lane.
   __m512i scale_codes(int64_t col) const {
     alignas(64) int32_t e[16];
@@ -86,15 +96,8 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
   // e2m1 codes 0-15: bit 3 the sign, bits 0-2 the magnitude (MODEL.md §2).
   const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
                                       -4.f, -6.f);
-  const int64_t row_bytes = w.in / 2;
   for (int64_t k = 0; k < w.in; k += 32) {  // one scale block: 16 bytes of each row
-    // The rows are short streams (2 KB at in = 4096) that the hardware
-    // prefetcher picks up late; ask for the next panel's line at the same
-    // offset, once per 64-byte line (a prefetch never faults, so past the
-    // weight's end it costs only the request).
-    if (k % 128 == 0)
-      for (int i = 0; i < 16; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(r.data[i] + 16 * row_bytes + k / 2), _MM_HINT_T0);
+    r.prefetch_next_panel(k / 2);
     const __m512 scale = r.scales(k / 32);
     __m512 v[4];
     r.dwords4(k / 2, v);
@@ -123,6 +126,7 @@ bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t
   const __m512i magnitude = _mm512_set1_epi32(0x7fff);
   __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
   for (int64_t k = 0; k < w.in; k += 32) {
+    r.prefetch_next_panel(k / 2);
     const __m512i s = r.scale_codes(k / 32);
     lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
     hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
