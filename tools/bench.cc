@@ -163,9 +163,14 @@ SbgemmFn find_sbgemm() { return reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "
 
 std::string openblas_routine() {
 #ifdef DSV4_HAVE_OPENBLAS
-  if (find_sbgemm()) return "cblas_sbgemm (OpenBLAS BF16 GEMM)";
+  // OpenBLAS picks its kernels by CPU model at load time; one too new for it
+  // gets an older family's (Debian's 0.3.21 runs AMD family 26 as Haswell,
+  // AVX2 only; OPENBLAS_CORETYPE=SkylakeX selects its AVX-512 kernels).
+  const std::string core = std::string(" [OpenBLAS kernels: ") + openblas_get_corename() + "]";
+  if (find_sbgemm()) return "cblas_sbgemm (OpenBLAS BF16 GEMM)" + core;
   return "cblas_sgemm on the bf16 values widened to fp32 (this OpenBLAS has no cblas_sbgemm: built without "
-         "BUILD_BFLOAT16)";
+         "BUILD_BFLOAT16)" +
+         core;
 #else
   return "none (no OpenBLAS found at configure time)";
 #endif
