@@ -1,8 +1,9 @@
-// AVX-512 panel decoding for FP4 weights. Compiled with -mavx512f
-// (CMakeLists.txt); Weight::dequant_panel calls it only when kernel_isa() is
-// Isa::kAvx512 or later. Like gemm_avx512.cc this file calls no inline function or
-// template of another header: an out-of-line copy compiled here could be the
-// one the linker keeps for the whole program.
+// AVX-512 panel decoding for FP4 weights, to fp32 panels and to bf16 pairs.
+// Compiled with -mavx512f (CMakeLists.txt); Weight::dequant_panel(_pairs)
+// calls it only when kernel_isa() is Isa::kAvx512 or later. Like
+// gemm_avx512.cc this file calls no inline function or template of another
+// header: an out-of-line copy compiled here could be the one the linker
+// keeps for the whole program.
 //
 // Why: with the AVX-512 micro-kernel the FP4 expert panels took as much CPU
 // as the products themselves (perf at N = 1024: panel_fp4 29%, micro_tile
