@@ -117,7 +117,8 @@ TEST(Bench, BadOptionsFailCleanly) {
   auto r = run_dsv4("bench --preset tiny --tokens 16");
   ::unsetenv("DSV4_ISA");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("dsv4: error: DSV4_ISA: expected scalar, avx2, avx512 or avx512bf16, got 'sse9'"), std::string::npos)
+  EXPECT_NE(r.output.find("dsv4: error: DSV4_ISA: expected scalar, avx2, avx512 or avx512bf16, got 'sse9'"),
+            std::string::npos)
       << r.output;
 }
 

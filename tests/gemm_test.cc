@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/cpu.h"
@@ -118,60 +119,104 @@ TEST(Gemm, Bf16KernelOnlyWhereNothingIsFlushed) {
   }
 }
 
-// The FP4 decoder straight to bf16 pairs (Isa::kAvx512Bf16) against the
-// reference panel: the same values, k in the high half, k + 1 in the low
-// one; refused where a scale would make a value subnormal or infinite.
-TEST(Gemm, Fp4PairPanelsEqualReferencePanels) {
+// Weight::dequant_panel_pairs against the reference panel, every panel of w:
+// the same values as bf16 pairs (k in the high half, k + 1 in the low one)
+// and a lower bound of their exponents where it takes a panel; whether it
+// takes panel o0 is expected(o0).
+template <class Expected>
+void expect_pair_panels(const Weight& w, Expected expected, const std::string& what) {
+  for (int64_t o0 = 0; o0 < w.out; o0 += kGemmNR) {
+    std::vector<float> ref(size_t(w.in * kGemmNR));
+    std::vector<uint32_t> pairs(size_t(w.in / 2 * kGemmNR), 0xdeadbeef);
+    w.dequant_panel_reference(o0, w.out, ref.data());
+    int min_exp = -1;
+    const bool taken = w.dequant_panel_pairs(o0, w.out, pairs.data(), &min_exp);
+    EXPECT_EQ(taken, expected(o0)) << what << " o0 " << o0;
+    if (!taken) continue;
+    for (int64_t k = 0; k < w.in; k += 2)
+      for (int j = 0; j < kGemmNR; ++j) {
+        uint32_t x, y;
+        std::memcpy(&x, &ref[size_t(k * kGemmNR + j)], 4);
+        std::memcpy(&y, &ref[size_t((k + 1) * kGemmNR + j)], 4);
+        ASSERT_EQ(x & 0xffffu, 0u);  // the reference values are bf16 values
+        ASSERT_EQ(y & 0xffffu, 0u);
+        ASSERT_EQ(pairs[size_t(k / 2 * kGemmNR + j)], (x & 0xffff0000u) | (y >> 16))
+            << what << " o0 " << o0 << " k " << k << " j " << j;
+        for (uint32_t v : {x, y}) {
+          if (v & 0x7fffffffu) {
+            ASSERT_LE(min_exp, int((v >> 23) & 0xff)) << what << ": a lower bound";
+          }
+        }
+      }
+  }
+}
+
+// The FP4 and FP8 decoders straight to bf16 pairs (Isa::kAvx512Bf16): the
+// reference panel's values, refused exactly where a scale would make a value
+// subnormal or infinite or where an FP8 code is NaN.
+TEST(Gemm, PairPanelsEqualReferencePanels) {
   if (supported_isas().back() != Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   const Isa best = kernel_isa();
   set_kernel_isa(Isa::kAvx512Bf16);
   std::mt19937 rng(3);
-  const int64_t out = 37, in = 192;
-  std::vector<uint8_t> data(size_t(out * in / 2)), scale(size_t(out * in / 32));
-  for (uint8_t& b : data) b = uint8_t(rng());
-  for (int edge : {-1, 0, 1, 2, 252, 253, 255}) {
-    for (size_t i = 0; i < scale.size(); ++i) scale[i] = uint8_t(2 + rng() % 251);  // 2..252
-    if (edge >= 0) scale[size_t(rng() % scale.size())] = uint8_t(edge);
+  {  // FP4: scale codes 2..252 are taken
+    const int64_t out = 37, in = 192;
+    std::vector<uint8_t> data(size_t(out * in / 2)), scale(size_t(out * in / 32));
+    for (uint8_t& b : data) b = uint8_t(rng());
     Weight w;
     w.kind = Weight::Kind::kFP4;
     w.out = out;
     w.in = in;
     w.data = data.data();
     w.scale = scale.data();
-    bool all_taken = true;
-    for (int64_t o0 = 0; o0 < out; o0 += kGemmNR) {
-      std::vector<float> ref(size_t(in * kGemmNR));
-      std::vector<uint32_t> pairs(size_t(in / 2 * kGemmNR), 0xdeadbeef);
-      w.dequant_panel_reference(o0, out, ref.data());
-      int min_exp = -1;
-      const bool taken = w.dequant_panel_pairs(o0, out, pairs.data(), &min_exp);
-      all_taken = all_taken && taken;
-      bool codes_ok = true;
-      for (int64_t o = o0; o < std::min(out, o0 + kGemmNR); ++o)
-        for (int64_t b = 0; b < in / 32; ++b) {
-          const int c = scale[size_t(o * (in / 32) + b)];
-          codes_ok = codes_ok && c >= 2 && c <= 252;
-        }
-      EXPECT_EQ(taken, codes_ok) << "edge " << edge << " o0 " << o0;
-      if (!taken) continue;
-      for (int64_t k = 0; k < in; k += 2)
-        for (int j = 0; j < kGemmNR; ++j) {
-          uint32_t x, y;
-          std::memcpy(&x, &ref[size_t(k * kGemmNR + j)], 4);
-          std::memcpy(&y, &ref[size_t((k + 1) * kGemmNR + j)], 4);
-          ASSERT_EQ(x & 0xffffu, 0u);  // the reference values are bf16 values
-          ASSERT_EQ(y & 0xffffu, 0u);
-          ASSERT_EQ(pairs[size_t(k / 2 * kGemmNR + j)], (x & 0xffff0000u) | (y >> 16))
-              << "edge " << edge << " o0 " << o0 << " k " << k << " j " << j;
-          for (uint32_t v : {x, y}) {
-            if (v & 0x7fffffffu) {
-              EXPECT_LE(min_exp, int((v >> 23) & 0xff)) << "a lower bound";
-            }
-          }
-        }
+    for (int edge : {-1, 0, 1, 2, 252, 253, 255}) {
+      for (uint8_t& c : scale) c = uint8_t(2 + rng() % 251);
+      if (edge >= 0) scale[size_t(rng() % scale.size())] = uint8_t(edge);
+      expect_pair_panels(
+          w,
+          [&](int64_t o0) {
+            for (int64_t o = o0; o < std::min(out, o0 + kGemmNR); ++o)
+              for (int64_t b = 0; b < in / 32; ++b) {
+                const int c = scale[size_t(o * (in / 32) + b)];
+                if (c < 2 || c > 252) return false;
+              }
+            return true;
+          },
+          "fp4 edge " + std::to_string(edge));
     }
-    if (edge < 0 || (edge >= 2 && edge <= 252)) {
-      EXPECT_TRUE(all_taken) << "edge " << edge;
+  }
+  for (int block : {128, 16, 40}) {  // FP8: scale codes 10..246 and no NaN code; block 40 is not taken
+    const int64_t out = 150, in = 256, srows = (out + block - 1) / block, scols = (in + block - 1) / block;
+    std::vector<uint8_t> data(size_t(out * in)), scale(size_t(srows * scols));
+    Weight w;
+    w.kind = Weight::Kind::kFP8;
+    w.out = out;
+    w.in = in;
+    w.block = block;
+    w.data = data.data();
+    w.scale = scale.data();
+    for (int edge : {-1, 9, 10, 246, 247, 0x7f, 0xff}) {  // 0x7f, 0xff: a NaN code instead
+      for (uint8_t& b : data) {
+        b = uint8_t(rng());
+        if ((b & 0x7f) == 0x7f) b = 0x7e;
+      }
+      for (uint8_t& c : scale) c = uint8_t(10 + rng() % 237);
+      if (edge == 0x7f || edge == 0xff)
+        data[size_t(rng() % data.size())] = uint8_t(edge);
+      else if (edge >= 0)
+        scale[size_t(rng() % scale.size())] = uint8_t(edge);
+      expect_pair_panels(
+          w,
+          [&](int64_t o0) {
+            if (block % 16 != 0) return false;
+            for (int64_t o = o0; o < std::min(out, o0 + kGemmNR); ++o)
+              for (int64_t k = 0; k < in; ++k) {
+                const int c = scale[size_t((o / block) * scols + k / block)];
+                if (c < 10 || c > 246 || (data[size_t(o * in + k)] & 0x7f) == 0x7f) return false;
+              }
+            return true;
+          },
+          "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge));
     }
   }
   set_kernel_isa(best);
@@ -182,12 +227,15 @@ TEST(Gemm, KernelVariantChoice) {
   ASSERT_FALSE(have.empty());
   EXPECT_EQ(have.front(), Isa::kScalar);
   EXPECT_EQ(kernel_isa(), have.back()) << "the fastest variant by default";
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) EXPECT_EQ(parse_isa(isa_name(isa), "DSV4_ISA"), isa);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    EXPECT_EQ(parse_isa(isa_name(isa), "DSV4_ISA"), isa);
+  }
   try {
     parse_isa("sse2", "DSV4_ISA");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("DSV4_ISA: expected scalar, avx2, avx512 or avx512bf16, got 'sse2'"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("DSV4_ISA: expected scalar, avx2, avx512 or avx512bf16, got 'sse2'"),
+              std::string::npos)
         << e.what();
   }
   // The variants past the fastest one this CPU has are refused.

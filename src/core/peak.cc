@@ -253,9 +253,10 @@ PeakResult measure_peak(ThreadPool& pool, double seconds) {
   }
   r.fma_gflops = peak.run == fma.run ? r.gflops : measure_loop_gflops(pool, seconds, fma);
 #ifdef DSV4_PEAK_AVX2
-  if (supported_isas().back() == Isa::kAvx512Bf16)
-    r.bf16_insn_gflops = peak.run == dpbf16_kernel ? r.gflops
-                                                   : measure_loop_gflops(pool, seconds, {dpbf16_kernel, 4.0 * 16 * kChains, ""});
+  if (supported_isas().back() == Isa::kAvx512Bf16) {
+    const Loop dot{dpbf16_kernel, 4.0 * 16 * kChains, ""};
+    r.bf16_insn_gflops = peak.run == dot.run ? r.gflops : measure_loop_gflops(pool, seconds, dot);
+  }
 #endif
 
   // BF16 dot products over 2 x 4 KiB of bf16 (L1-resident), per thread.

@@ -125,7 +125,8 @@ bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, u
       const __m512i lo = _mm512_loadu_si512(a + 2 * j), hi = _mm512_loadu_si512(a + 2 * j + 16);
       check.add(lo);
       check.add(hi);
-      _mm512_storeu_si512(o + j, pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi)));
+      _mm512_storeu_si512(o + j,
+                          pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi)));
     }
     for (; j < kp; ++j) {  // the tail, one pair at a time through a masked lane
       alignas(64) uint32_t x[16] = {}, y[16] = {};

@@ -282,8 +282,10 @@ void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 
 bool Weight::dequant_panel_pairs(int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) const {
 #ifdef DSV4_HAVE_AVX512_KERNELS
-  if (kind == Kind::kFP4 && kernel_isa() == Isa::kAvx512Bf16)
-    return panel_fp4_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+  if (kernel_isa() == Isa::kAvx512Bf16) {
+    if (kind == Kind::kFP4) return panel_fp4_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+    if (kind == Kind::kFP8) return panel_fp8_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+  }
 #endif
   (void)o0, (void)o_end, (void)pairs, (void)min_exponent;
   return false;
@@ -376,11 +378,13 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   // reduction order (one FMA chain per output, ascending k).
   const int64_t rows = row_end - row_begin;
   auto load = [&](int64_t n0, float* panel) { w.dequant_panel(row_begin + n0, row_end, panel); };
-  // FP4 panels go to the BF16 kernel as pairs directly (no fp32 panel).
+  // FP4 and FP8 panels go to the BF16 kernel as pairs directly (no fp32
+  // panel).
   const PairLoader load_pairs = [&](int64_t n0, uint32_t* pairs, int* min_exponent) {
     return w.dequant_panel_pairs(row_begin + n0, row_end, pairs, min_exponent);
   };
-  const bool pairs = w.kind == Weight::Kind::kFP4 && kernel_isa() == Isa::kAvx512Bf16;
+  const bool pairs =
+      (w.kind == Weight::Kind::kFP4 || w.kind == Weight::Kind::kFP8) && kernel_isa() == Isa::kAvx512Bf16;
   gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16}, true, pairs ? &load_pairs : nullptr);
 }
 

@@ -1,4 +1,5 @@
-// AVX-512 panel decoding for FP4 weights, to fp32 panels and to bf16 pairs.
+// AVX-512 panel decoding: FP4 weights to fp32 panels and to bf16 pairs, FP8
+// weights to bf16 pairs.
 // Compiled with -mavx512f (CMakeLists.txt); Weight::dequant_panel(_pairs)
 // calls it only when kernel_isa() is Isa::kAvx512 or later. Like
 // gemm_avx512.cc this file calls no inline function or template of another
@@ -37,14 +38,16 @@ struct Rows16 {
   const uint8_t* scale[16];
   __mmask16 keep = 0;
   int64_t row_bytes;
-  Rows16(const Weight& w, int64_t o0, int64_t o_end, int64_t row_bytes_, int64_t scale_row_bytes)
+  // Scales: one row of scale_row_bytes per rows_per_scale_row weight rows.
+  Rows16(const Weight& w, int64_t o0, int64_t o_end, int64_t row_bytes_, int64_t scale_row_bytes,
+         int64_t rows_per_scale_row = 1)
       : row_bytes(row_bytes_) {
     for (int i = 0; i < 16; ++i) {
       const bool valid = o0 + i < o_end;
       const int64_t row = valid ? o0 + i : o0;
       if (valid) keep = __mmask16(keep | (1u << i));
       data[i] = w.data + row * row_bytes;
-      scale[i] = w.scale + row * scale_row_bytes;
+      scale[i] = w.scale + (row / rows_per_scale_row) * scale_row_bytes;
     }
   }
   // Dword j of bytes [byte, byte + 16) of every row: out[j] lane i = row i.
@@ -72,7 +75,8 @@ struct Rows16 {
   // faults, so past the weight's end it costs only the request).
   void prefetch_next_panel(int64_t byte) const {
     if (byte % 64 != 0) return;
-    for (int i = 0; i < 16; ++i) _mm_prefetch(reinterpret_cast<const char*>(data[i] + 16 * row_bytes + byte), _MM_HINT_T0);
+    for (int i = 0; i < 16; ++i)
+      _mm_prefetch(reinterpret_cast<const char*>(data[i] + 16 * row_bytes + byte), _MM_HINT_T0);
   }
   // The rows' e8m0 scale codes of block `col`, one per lane.
   __m512i scale_codes(int64_t col) const {
@@ -154,6 +158,57 @@ bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t
   const int lowest = _mm512_reduce_min_epi32(lo), highest = _mm512_reduce_max_epi32(hi);
   *min_exponent = lowest - 1;
   return lowest >= 2 && highest <= 252;
+}
+
+bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
+  static_assert(kGemmNR == 16, "one zmm lane per panel row");
+  const int64_t B = w.block;
+  if (w.in % 16 != 0 || B % 16 != 0) return false;  // 16 codes of a row at a time, in one scale block
+  const Rows16 r(w, o0, o_end, w.in, (w.in + B - 1) / B, B);
+  // e4m3 from its bits, as the fp32 decoders do: exponent and mantissa moved
+  // to bits 20-26 of an fp32 are the value times 2^-120 for every code
+  // (subnormals included), so one exact multiply by 2^120 gives it; then the
+  // power-of-two scale, exact while the result is normal.
+  const __m512i em = _mm512_set1_epi32(0x7f << 20), sm = _mm512_set1_epi32(int32_t(0x80000000u));
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  const __m512 p120 = _mm512_set1_ps(0x1p120f);
+  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
+  __mmask16 nan = 0;
+  __m512 scale = _mm512_setzero_ps();
+  for (int64_t k = 0; k < w.in; k += 16) {
+    r.prefetch_next_panel(k);
+    if (k % B == 0) {
+      const __m512i s = r.scale_codes(k / B);
+      lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
+      hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
+      scale = r.scales(k / B);
+    }
+    __m512 v[4];
+    r.dwords4(k, v);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i codes = _mm512_castps_si512(v[j]);
+      __m512i d[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {  // byte i: bits 0-6 to 20-26, bit 7 to 31
+        const __m512i e =
+            _mm512_and_si512(i <= 2 ? _mm512_slli_epi32(codes, 20 - 8 * i) : _mm512_srli_epi32(codes, 4), em);
+        nan = __mmask16(nan | _mm512_mask_cmpeq_epi32_mask(r.keep, e, em));  // 0x7f and 0xff
+        const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(codes, 24 - 8 * i), sm);
+        d[i] = _mm512_castps_si512(
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(e, sign)), p120), scale));
+      }
+      const __m512i p01 = _mm512_or_si512(_mm512_and_si512(d[0], high), _mm512_srli_epi32(d[1], 16));
+      const __m512i p23 = _mm512_or_si512(_mm512_and_si512(d[2], high), _mm512_srli_epi32(d[3], 16));
+      _mm512_storeu_si512(pairs + ((k + 4 * j) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, p01));
+      _mm512_storeu_si512(pairs + ((k + 4 * j) / 2 + 1) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, p23));
+    }
+  }
+  // Codes 10-246 keep every value normal and finite: the smallest non-zero
+  // e4m3 value 2^-9 times 2^(10-127) is 2^-126; 448 · 2^(246-127) < 2^128.
+  const int lowest = _mm512_reduce_min_epi32(lo), highest = _mm512_reduce_max_epi32(hi);
+  *min_exponent = lowest - 9;
+  return nan == 0 && lowest >= 10 && highest <= 246;
 }
 
 }  // namespace dsv4

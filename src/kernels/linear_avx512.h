@@ -17,4 +17,8 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel);
 // subnormal or infinite.
 bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent);
 
+// The same for an FP8 weight; false also for a NaN code or where w.in or the
+// scale block is not a multiple of 16.
+bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent);
+
 }  // namespace dsv4
