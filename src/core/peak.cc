@@ -72,6 +72,7 @@ __attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t ite
   return sum;
 }
 
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
 // vdpbf16ps (AVX512-BF16) in kChains independent chains: each instruction
 // is 32 bf16 products added into 16 fp32 lanes (64 flops). Only called on
 // CPUs with AVX512-BF16 (Isa::kAvx512Bf16 supported).
@@ -94,6 +95,7 @@ __attribute__((noinline, target("avx512f,avx512bf16"))) float dpbf16_kernel(int6
   for (float f : v) sum += f;
   return sum;
 }
+#endif
 
 // bf16 -> fp32 of 16 packed values as two vectors: the even elements (shift
 // into the high half) and the odd ones (mask the low half away). A dot
@@ -211,7 +213,7 @@ Loop fma_loop() {
 
 // The loop of the arithmetic the GEMM kernels use now (kernel_isa()).
 Loop peak_loop() {
-#ifdef DSV4_PEAK_AVX2
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
   if (kernel_isa() == Isa::kAvx512Bf16)
     return {dpbf16_kernel, 4.0 * 16 * kChains,
             "BF16 dot product vdpbf16ps (AVX512-BF16, 12 independent 16-lane chains per thread, 64 flops per "
@@ -252,7 +254,7 @@ PeakResult measure_peak(ThreadPool& pool, double seconds) {
     r.gflops_1thread = measure_loop_gflops(one, seconds / 2, peak);
   }
   r.fma_gflops = peak.run == fma.run ? r.gflops : measure_loop_gflops(pool, seconds, fma);
-#ifdef DSV4_PEAK_AVX2
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
   if (supported_isas().back() == Isa::kAvx512Bf16) {
     const Loop dot{dpbf16_kernel, 4.0 * 16 * kChains, ""};
     r.bf16_insn_gflops = peak.run == dot.run ? r.gflops : measure_loop_gflops(pool, seconds, dot);
