@@ -51,17 +51,13 @@ __attribute__((noinline)) float fma_kernel(int64_t iters, float seed) {
   return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
 }
 
-// The same on 16-lane vectors, for CPUs with AVX-512F (checked by the
-// caller); compiled for AVX-512 by the attribute alone.
-__attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t iters, float seed) {
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
-  __m512 c[kChains];
+// Chain j of the 16-lane loops below starts at seed + j; their result is
+// the sum of every lane of every chain.
+__attribute__((always_inline, target("avx512f"))) inline void start_chains(__m512 (&c)[kChains], float seed) {
 #pragma GCC unroll 16
   for (int j = 0; j < kChains; ++j) c[j] = _mm512_set1_ps(seed + float(j));
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kChains; ++j) c[j] = _mm512_fmadd_ps(c[j], a, b);
-  }
+}
+__attribute__((always_inline, target("avx512f"))) inline float sum_chains(const __m512 (&c)[kChains]) {
   __m512 s = c[0];
 #pragma GCC unroll 16
   for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, c[j]);
@@ -72,6 +68,19 @@ __attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t ite
   return sum;
 }
 
+// The same on 16-lane vectors, for CPUs with AVX-512F (checked by the
+// caller); compiled for AVX-512 by the attribute alone.
+__attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t iters, float seed) {
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  __m512 c[kChains];
+  start_chains(c, seed);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kChains; ++j) c[j] = _mm512_fmadd_ps(c[j], a, b);
+  }
+  return sum_chains(c);
+}
+
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
 // vdpbf16ps (AVX512-BF16) in kChains independent chains: each instruction
 // is 32 bf16 products added into 16 fp32 lanes (64 flops). Only called on
@@ -80,20 +89,12 @@ __attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t ite
 __attribute__((noinline, target("avx512f,avx512bf16"))) float dpbf16_kernel(int64_t iters, float seed) {
   const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80), small = (__m512bh)_mm512_set1_epi16(0x3a80);
   __m512 c[kChains];
-#pragma GCC unroll 16
-  for (int j = 0; j < kChains; ++j) c[j] = _mm512_set1_ps(seed + float(j));
+  start_chains(c, seed);
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 16
     for (int j = 0; j < kChains; ++j) c[j] = _mm512_dpbf16_ps(c[j], one, small);
   }
-  __m512 s = c[0];
-#pragma GCC unroll 16
-  for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, c[j]);
-  alignas(64) float v[16];
-  _mm512_store_ps(v, s);
-  float sum = 0;
-  for (float f : v) sum += f;
-  return sum;
+  return sum_chains(c);
 }
 #endif
 
