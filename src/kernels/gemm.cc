@@ -175,10 +175,10 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
         if (dot) {
           uint32_t* bp = Bp.data() + g * KH * NR;
           int e = 255;
-          bool exact;
-          if (load_pairs) {
-            exact = (*load_pairs)((p0 + g) * NR, bp, &e);
-          } else {
+          // Straight to pairs where the loader can, else through the fp32
+          // panel.
+          bool exact = load_pairs && (*load_pairs)((p0 + g) * NR, bp, &e);
+          if (!exact) {
             load((p0 + g) * NR, b);
             loaded = true;
             exact = gemm_pack_panel_bf16(b, K, bp, &e);

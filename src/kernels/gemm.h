@@ -20,8 +20,9 @@ using PanelLoader = std::function<void(int64_t n0, float* panel)>;
 
 // Optional, for the BF16 kernel (Isa::kAvx512Bf16): writes the same panel
 // straight as bf16 pairs [ceil(K/2)][16] (gemm_micro.h), skipping the fp32
-// panel. Returns false when it cannot give exact bf16 values; otherwise sets
-// *min_exponent to a lower bound of the non-zero values' biased exponents.
+// panel. Returns false when it cannot give exact bf16 values (gemm then
+// loads the fp32 panel and packs that); otherwise sets *min_exponent to a
+// lower bound of the non-zero values' biased exponents.
 using PairLoader = std::function<bool(int64_t n0, uint32_t* pairs, int* min_exponent)>;
 
 struct GemmOut {

@@ -378,14 +378,12 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   // reduction order (one FMA chain per output, ascending k).
   const int64_t rows = row_end - row_begin;
   auto load = [&](int64_t n0, float* panel) { w.dequant_panel(row_begin + n0, row_end, panel); };
-  // FP4 and FP8 panels go to the BF16 kernel as pairs directly (no fp32
-  // panel).
+  // For the BF16 kernel, formats with a pair decoder (FP4, FP8) skip the
+  // fp32 panel.
   const PairLoader load_pairs = [&](int64_t n0, uint32_t* pairs, int* min_exponent) {
     return w.dequant_panel_pairs(row_begin + n0, row_end, pairs, min_exponent);
   };
-  const bool pairs =
-      (w.kind == Weight::Kind::kFP4 || w.kind == Weight::Kind::kFP8) && kernel_isa() == Isa::kAvx512Bf16;
-  gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16}, true, pairs ? &load_pairs : nullptr);
+  gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16}, true, &load_pairs);
 }
 
 }  // namespace dsv4
