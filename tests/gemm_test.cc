@@ -159,8 +159,10 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
   const Isa best = kernel_isa();
   set_kernel_isa(Isa::kAvx512Bf16);
   std::mt19937 rng(3);
-  {  // FP4: scale codes 2..252 are taken
-    const int64_t out = 37, in = 192;
+  // FP4: scale codes 2..252 are taken. 1184 values a row: two whole groups
+  // of 16 scale blocks (read 16 at a time) and 5 more (read one by one).
+  for (int64_t in : {192, 1184}) {
+    const int64_t out = 37;
     std::vector<uint8_t> data(size_t(out * in / 2)), scale(size_t(out * in / 32));
     for (uint8_t& b : data) b = uint8_t(rng());
     Weight w;
@@ -182,7 +184,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
               }
             return true;
           },
-          "fp4 edge " + std::to_string(edge));
+          "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge));
     }
   }
   for (int block : {128, 16, 40}) {  // FP8: scale codes 10..246 and no NaN code; block 40 is not taken
@@ -348,7 +350,8 @@ TEST(Gemm, LinearEqualsRowByRowDefinition) {
 
 // The vectorised panel loaders (each variant the CPU runs) against
 // dequant_row, value by value, for every weight format, shapes with a partial
-// last panel, all byte values.
+// last panel and with 16 or more FP4 scale blocks a row (read 16 at a time),
+// all byte values.
 TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
   const Isa best = kernel_isa();
   std::mt19937 rng(11);
@@ -359,7 +362,7 @@ TEST(Gemm, DequantPanelEqualsReferenceBitwise) {
     const std::vector<int> blocks =
         kind == Weight::Kind::kFP8 ? std::vector<int>{128, 16, 48, 40} : std::vector<int>{128};
     for (int block : blocks) {
-      for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}}) {
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}, {21, 512}, {37, 1184}}) {
         std::vector<uint8_t> data, scale;
         switch (kind) {
           case Weight::Kind::kF32: data.resize(size_t(out * in * 4)); break;

@@ -51,7 +51,8 @@ struct Rows16 {
     }
   }
   // Dword j of bytes [byte, byte + 16) of every row: out[j] lane i = row i.
-  void dwords4(int64_t byte, __m512 out[4]) const {
+  void dwords4(int64_t byte, __m512 out[4]) const { transpose4(data, byte, out); }
+  static void transpose4(const uint8_t* const* data, int64_t byte, __m512 out[4]) {
     __m512 z[4];
     // z[i]: rows i, i + 4, i + 8, i + 12 in the four 128-bit lanes.
 #pragma GCC unroll 4
@@ -84,13 +85,35 @@ struct Rows16 {
     for (int i = 0; i < 16; ++i) e[i] = scale[i][col];
     return _mm512_load_si512(e);
   }
-  // The same as fp32, as e8m0_to_f32 gives them (code 0 is 2^-127, an fp32
+  // Codes as fp32, as e8m0_to_f32 gives them (code 0 is 2^-127, an fp32
   // subnormal).
-  __m512 scales(int64_t col) const {
-    const __m512i v = scale_codes(col);
+  static __m512 scale_values(__m512i v) {
     const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero, _mm512_set1_epi32(0x00400000)));
   }
+};
+
+// The scale codes of blocks 0, 1, 2, … of the rows, one block after the
+// other. Building a vector from 16 single bytes (Rows16::scale_codes) stalls
+// on the store-to-load forward each block: with the FP4 decoders taking a new
+// block every 32 values that was a third of their time. Here one 16-byte
+// load per row serves 16 blocks, transposed like the codes.
+class ScaleStream {
+ public:
+  ScaleStream(const Rows16& r, int64_t cols) : r_(r), cols_(cols) {}
+  // Must be called for col = 0, 1, 2, … in turn.
+  __m512i next(int64_t col) {
+    const int64_t group = col - col % 16;
+    if (group + 16 > cols_) return r_.scale_codes(col);  // a last partial group
+    if (col == group) Rows16::transpose4(r_.scale, group, dwords_);
+    return _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(dwords_[(col % 16) / 4]), int(8 * (col % 4))),
+                            _mm512_set1_epi32(0xff));
+  }
+
+ private:
+  const Rows16& r_;
+  int64_t cols_;
+  __m512 dwords_[4];
 };
 
 }  // namespace
@@ -101,9 +124,10 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
   // e2m1 codes 0-15: bit 3 the sign, bits 0-2 the magnitude (MODEL.md §2).
   const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
                                       -4.f, -6.f);
+  ScaleStream scales(r, w.in / 32);
   for (int64_t k = 0; k < w.in; k += 32) {  // one scale block: 16 bytes of each row
     r.prefetch_next_panel(k / 2);
-    const __m512 scale = r.scales(k / 32);
+    const __m512 scale = Rows16::scale_values(scales.next(k / 32));
     __m512 v[4];
     r.dwords4(k / 2, v);
 #pragma GCC unroll 4
@@ -121,34 +145,49 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
   }
 }
 
-bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
+// Needs AVX512-BW (vpermw, word masks); every CPU with AVX512-BF16 has it and
+// cpu_has(Isa::kAvx512Bf16) checks it too.
+__attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end,
+                                                                  uint32_t* pairs, int* min_exponent) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
   const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
-  // bf16 bits of the e2m1 codes; a scale 2^(s-127) adds s - 127 to a
-  // non-zero value's exponent field (bits 7-14).
-  const __m512i table = _mm512_setr_epi32(0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000,
-                                          0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0);
-  const __m512i magnitude = _mm512_set1_epi32(0x7fff);
+  // bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
+  // word index, and bit 4 is the next code's low bit. A scale 2^(s-127)
+  // adds s - 127 to a non-zero value's exponent field (bits 7-14).
+  const __m512i table = _mm512_set_epi16(
+      short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00),
+      short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000, short(0xc0c0), short(0xc080),
+      short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00), short(0x8000), 0x40c0, 0x4080,
+      0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000);
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff), low_word = _mm512_set1_epi32(0xffff);
+  ScaleStream scales(r, w.in / 32);
   __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
   for (int64_t k = 0; k < w.in; k += 32) {
     r.prefetch_next_panel(k / 2);
-    const __m512i s = r.scale_codes(k / 32);
+    const __m512i s = scales.next(k / 32);
     lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
     hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
+    // s - 127 at bit 7 of both words of a lane (wrapping 16-bit adds keep
+    // the sign bit while the result exponent stays in 1-254).
     const __m512i shift = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(127)), 7);
+    const __m512i shift2 = _mm512_ternarylogic_epi32(_mm512_slli_epi32(shift, 16), shift, low_word, 0xf8);
     __m512 v[4];
     r.dwords4(k / 2, v);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       const __m512i codes = _mm512_castps_si512(v[j]);
+      // Byte b of a lane holds codes k + 8j + 2b (low nibble) and + 1 (high
+      // nibble); the pair wants the first in its high word, the second in
+      // its low word: one word index each, one vpermw for both.
 #pragma GCC unroll 4
-      for (int n = 0; n < 8; n += 2) {
-        __m512i x = _mm512_permutexvar_epi32(_mm512_srli_epi32(codes, 4 * n), table);
-        __m512i y = _mm512_permutexvar_epi32(_mm512_srli_epi32(codes, 4 * n + 4), table);
-        x = _mm512_mask_add_epi32(x, _mm512_test_epi32_mask(x, magnitude), x, shift);
-        y = _mm512_mask_add_epi32(y, _mm512_test_epi32_mask(y, magnitude), y, shift);
-        const __m512i pair = _mm512_or_si512(_mm512_slli_epi32(x, 16), y);
-        _mm512_storeu_si512(pairs + ((k + 8 * j + n) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
+      for (int b = 0; b < 4; ++b) {
+        const __m512i first = b < 2 ? _mm512_slli_epi32(codes, 16 - 8 * b) : _mm512_srli_epi32(codes, 8 * b - 16);
+        const __m512i second = _mm512_srli_epi32(codes, 8 * b + 4);
+        // (low_word & second) | (~low_word & first)
+        const __m512i idx = _mm512_ternarylogic_epi32(low_word, second, first, 0xca);
+        __m512i pair = _mm512_permutexvar_epi16(idx, table);
+        pair = _mm512_mask_add_epi16(pair, _mm512_test_epi16_mask(pair, magnitude), pair, shift2);
+        _mm512_storeu_si512(pairs + ((k + 8 * j + 2 * b) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
       }
     }
   }
@@ -181,7 +220,7 @@ bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t
       const __m512i s = r.scale_codes(k / B);
       lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
       hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
-      scale = r.scales(k / B);
+      scale = Rows16::scale_values(s);
     }
     __m512 v[4];
     r.dwords4(k, v);
