@@ -151,6 +151,68 @@ void expect_pair_panels(const Weight& w, Expected expected, const std::string& w
   }
 }
 
+// Rows given by pointers (attention's keys) and row-major rows (the
+// indexer's) straight to pairs, against the pairs and exponent bound taken
+// from the values one by one: every K tail (masked loads; each row its own
+// allocation, so a read past K shows under ASan), partial panels, and
+// refusal of inexact, subnormal and infinite values.
+TEST(Gemm, GatheredRowPairsEqualRowValues) {
+  if (supported_isas().back() != Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const Isa best = kernel_isa();
+  set_kernel_isa(Isa::kAvx512Bf16);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (int64_t K : {512, 1, 7, 31, 32, 33, 100}) {
+    for (int64_t N : {16, 5, 21}) {
+      std::vector<std::vector<float>> rows(static_cast<size_t>(N));
+      std::vector<float> dense(size_t(N * K));
+      for (int64_t n = 0; n < N; ++n) {
+        rows[size_t(n)].resize(static_cast<size_t>(K));
+        for (int64_t k = 0; k < K; ++k)
+          dense[size_t(n * K + k)] = rows[size_t(n)][size_t(k)] = bf16r(rng() % 5 == 0 ? 0.f : nd(rng));
+      }
+      std::vector<const float*> ptrs;
+      for (auto& r : rows) ptrs.push_back(r.data());
+      const PairLoader dense_pairs = dense_rows_pair_loader(dense.data(), K, N, K);
+      // bad: none, or an inexact / subnormal / infinite value in row 2.
+      for (uint32_t bad : {0u, 0x3f800001u, 0x00010000u, 0x7f800000u}) {
+        if (bad) std::memcpy(&rows[2][size_t(K / 2)], &bad, 4);
+        if (bad) std::memcpy(&dense[size_t(2 * K + K / 2)], &bad, 4);
+        for (int64_t n0 = 0; n0 < N; n0 += kGemmNR) {
+          const std::string what = "K " + std::to_string(K) + " N " + std::to_string(N) + " n0 " +
+                                   std::to_string(n0) + " bad " + std::to_string(bad);
+          std::vector<uint32_t> expect(size_t((K + 1) / 2 * kGemmNR), 0);
+          int expect_exp = 255;
+          for (int64_t n = n0; n < std::min(N, n0 + kGemmNR); ++n)
+            for (int64_t k = 0; k < K; ++k) {
+              uint32_t v;
+              std::memcpy(&v, &rows[size_t(n)][size_t(k)], 4);
+              expect[size_t(k / 2 * kGemmNR + (n - n0))] |= k % 2 ? v >> 16 : v & 0xffff0000u;
+              if (v & 0x7fffffffu) expect_exp = std::min(expect_exp, int((v >> 23) & 0xff));
+            }
+          const bool exact = !bad || n0 > 2;
+          for (int how = 0; how < 2; ++how) {
+            std::vector<uint32_t> got(expect.size(), 0xdeadbeef);
+            int got_exp = -1;
+            const bool taken = how == 0 ? gathered_rows_pairs(ptrs.data(), N, K, n0, got.data(), &got_exp)
+                                        : dense_pairs(n0, got.data(), &got_exp);
+            ASSERT_EQ(taken, exact) << what << " how " << how;
+            if (!taken) continue;
+            EXPECT_EQ(got_exp, expect_exp) << what << " how " << how;
+            EXPECT_EQ(got, expect) << what << " how " << how;
+          }
+        }
+      }
+    }
+  }
+  set_kernel_isa(Isa::kAvx2);
+  std::vector<uint32_t> pairs(kGemmNR);
+  int e = 0;
+  const float one = 1.f, *row = &one;
+  EXPECT_FALSE(gathered_rows_pairs(&row, 1, 1, 0, pairs.data(), &e)) << "only the BF16 kernel takes pairs";
+  set_kernel_isa(best);
+}
+
 // The FP4 and FP8 decoders straight to bf16 pairs (Isa::kAvx512Bf16): the
 // reference panel's values, refused exactly where a scale would make a value
 // subnormal or infinite or where an FP8 code is NaN.

@@ -261,4 +261,25 @@ PanelLoader dense_rows_loader(const float* B, int64_t ldb, int64_t N, int64_t K)
   };
 }
 
+bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t K, int64_t n0, uint32_t* pairs,
+                         int* min_exponent) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  if (kernel_isa() != Isa::kAvx512Bf16) return false;
+  const float* panel_rows[NR];
+  for (int j = 0; j < NR; ++j) panel_rows[j] = n0 + j < N ? rows[n0 + j] : nullptr;
+  return gemm_pack_gathered_rows_bf16(panel_rows, K, pairs, min_exponent);
+#else
+  (void)rows, (void)N, (void)K, (void)n0, (void)pairs, (void)min_exponent;
+  return false;
+#endif
+}
+
+PairLoader dense_rows_pair_loader(const float* B, int64_t ldb, int64_t N, int64_t K) {
+  return [=](int64_t n0, uint32_t* pairs, int* min_exponent) {
+    const float* rows[NR];
+    for (int j = 0; j < NR; ++j) rows[j] = B + std::min(n0 + j, N - 1) * ldb;
+    return gathered_rows_pairs(rows, N - n0, K, 0, pairs, min_exponent);
+  };
+}
+
 }  // namespace dsv4

@@ -143,5 +143,60 @@ bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, u
   return check.exact(min_exponent);
 }
 
+bool gemm_pack_gathered_rows_bf16(const float* const* rows, int64_t K, uint32_t* out, int* min_exponent) {
+  PairCheck check;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  // 32 values (16 pairs) of every row at a time: row j's pairs as one
+  // vector, then a 16 × 16 dword transpose puts row j in lane j.
+  for (int64_t k = 0; k < K; k += 32) {
+    const int64_t left = K - k;
+    const __mmask16 m_lo = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __mmask16 m_hi = left >= 32 ? __mmask16(0xffff) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
+    __m512i t[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      if (!rows[j]) {
+        t[j] = _mm512_setzero_si512();
+        continue;
+      }
+      // Masked loads: nothing past the row's K values is read.
+      const __m512i lo = _mm512_maskz_loadu_epi32(m_lo, rows[j] + k), hi = _mm512_maskz_loadu_epi32(m_hi, rows[j] + k + 16);
+      check.add(lo);
+      check.add(hi);
+      t[j] = pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
+    }
+    // Transpose: after it, t'[i] lane j = t[j] lane i.
+    __m512i u[16];
+#pragma GCC unroll 8
+    for (int j = 0; j < 16; j += 2) {
+      u[j] = _mm512_unpacklo_epi32(t[j], t[j + 1]);
+      u[j + 1] = _mm512_unpackhi_epi32(t[j], t[j + 1]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 16; j += 4) {
+      t[j] = _mm512_unpacklo_epi64(u[j], u[j + 2]);
+      t[j + 1] = _mm512_unpackhi_epi64(u[j], u[j + 2]);
+      t[j + 2] = _mm512_unpacklo_epi64(u[j + 1], u[j + 3]);
+      t[j + 3] = _mm512_unpackhi_epi64(u[j + 1], u[j + 3]);
+    }
+    // t[4q + r]: 128-bit lane l holds pair 4l + r of rows 4q .. 4q + 3;
+    // gathering the 128-bit lanes gives u[i]: pair i of every row.
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512i a = _mm512_shuffle_i32x4(t[r], t[4 + r], 0x88), b = _mm512_shuffle_i32x4(t[r], t[4 + r], 0xdd);
+      const __m512i c = _mm512_shuffle_i32x4(t[8 + r], t[12 + r], 0x88),
+                    d = _mm512_shuffle_i32x4(t[8 + r], t[12 + r], 0xdd);
+      u[r] = _mm512_shuffle_i32x4(a, c, 0x88);
+      u[4 + r] = _mm512_shuffle_i32x4(b, d, 0x88);
+      u[8 + r] = _mm512_shuffle_i32x4(a, c, 0xdd);
+      u[12 + r] = _mm512_shuffle_i32x4(b, d, 0xdd);
+    }
+    const int64_t pairs = left >= 32 ? 16 : (left + 1) / 2;
+    for (int i = 0; i < pairs; ++i) _mm512_storeu_si512(out + (k / 2 + i) * kGemmNR, u[i]);
+  }
+  return check.exact(min_exponent);
+}
+
 }  // namespace dsv4
 #endif

@@ -98,5 +98,9 @@ bool gemm_pack_panel_bf16(const float* panel, int64_t K, uint32_t* out, int* min
 // Packs `rows` rows of K fp32 values (stride lda) into rows of ceil(K/2)
 // pairs, with the same check.
 bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int* min_exponent);
+// The panel of B rows rows[0..15] (null: a zero row), K fp32 values each,
+// straight into [ceil(K/2)][16] pairs, with the same check: what a gather
+// into an fp32 panel and gemm_pack_panel_bf16 give, in one pass.
+bool gemm_pack_gathered_rows_bf16(const float* const* rows, int64_t K, uint32_t* out, int* min_exponent);
 
 }  // namespace dsv4

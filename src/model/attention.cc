@@ -65,9 +65,11 @@ void indexer_select(const float* qi, const float* wts, const float* idx_rows, in
   // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
   // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
   std::vector<float> dots(size_t(int64_t(Hi) * n_visible)), score(static_cast<size_t>(n_visible));
-  if (n_visible > 0)
+  if (n_visible > 0) {
+    const PairLoader row_pairs = dense_rows_pair_loader(idx_rows, di, n_visible, di);
     gemm(qi, di, Hi, di, n_visible, dense_rows_loader(idx_rows, di, n_visible, di),
-         GemmOut{dots.data(), n_visible, true}, /*parallel=*/false);
+         GemmOut{dots.data(), n_visible, true}, /*parallel=*/false, &row_pairs);
+  }
   for (int64_t r = 0; r < n_visible; ++r) {
     float sum = 0.f;
     for (int h = 0; h < Hi; ++h) sum += bf16r(std::max(dots[size_t(h * n_visible + r)], 0.f) * wts[h]);
@@ -89,7 +91,10 @@ void attend_query(const float* q, int64_t H, const float* const* keys, int64_t n
       for (int64_t i = 0; i < d; ++i) panel[i * kGemmNR + j] = k ? k[i] : 0.f;
     }
   };
-  gemm(q, d, H, d, nkeys, gather_keys, GemmOut{s.data(), nkeys, false}, /*parallel=*/false);
+  const PairLoader key_pairs = [&](int64_t n0, uint32_t* pairs, int* min_exponent) {
+    return gathered_rows_pairs(keys, nkeys, d, n0, pairs, min_exponent);
+  };
+  gemm(q, d, H, d, nkeys, gather_keys, GemmOut{s.data(), nkeys, false}, /*parallel=*/false, &key_pairs);
   for (int64_t h = 0; h < H; ++h) {
     float* sh = s.data() + h * nkeys;
     float mx = -INFINITY;
