@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "io/config.h"
+#include "core/formats.h"
+#include "kernels/dot.h"
 #include "kernels/hadamard.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
@@ -634,6 +636,50 @@ TEST(StageHc, PostMatchesReference) {
         }
         EXPECT_TRUE(NearBf16(X[size_t((t * hc + k) * D + c)], s, a, hc + 1))
             << "token " << t << " stream " << k << " ch " << c;
+      }
+}
+
+// The fast hc paths against plain loops, bit for bit: dot4_f32 against
+// dot_f32 (mixes takes four tokens at once), a token's hc_pre output the same
+// alone as in a block of 8 or in a partial block, and hc_post (16 channels at
+// a time) against its definition in fp32, D with a tail past the last 16.
+TEST(StageHc, FastPathsEqualPlainLoopsBitwise) {
+  Rng rng(53);
+  for (int64_t len : {1, 15, 16, 17, 100, 1040}) {
+    std::vector<float> a = rng.bf16_vec(size_t(len), -2, 2);
+    std::vector<std::vector<float>> b;
+    for (int t = 0; t < 4; ++t) b.push_back(rng.bf16_vec(size_t(len), -2, 2));
+    const float* bs[4] = {b[0].data(), b[1].data(), b[2].data(), b[3].data()};
+    float out[4];
+    dsv4::dot4_f32(a.data(), bs, len, out);
+    for (int t = 0; t < 4; ++t)
+      EXPECT_EQ(std::bit_cast<uint32_t>(out[t]), std::bit_cast<uint32_t>(dsv4::dot_f32(a.data(), bs[t], len)))
+          << "len " << len << " t " << t;
+  }
+  const int hc = 4;
+  const int64_t D = 40;
+  HcCase k = make_hc_case(61, hc, D, 11);
+  std::vector<float> y(size_t(k.n * D));
+  dsv4::HcMix mix;
+  dsv4::hc_pre(k.X.data(), k.n, hc, D, k.w, 20, 1e-6f, 1e-6f, y.data(), &mix);
+  for (int64_t t = 0; t < k.n; ++t) {
+    std::vector<float> y1(static_cast<size_t>(D));
+    dsv4::HcMix mix1;
+    dsv4::hc_pre(k.X.data() + t * hc * D, 1, hc, D, k.w, 20, 1e-6f, 1e-6f, y1.data(), &mix1);
+    EXPECT_TRUE(std::equal(y1.begin(), y1.end(), y.begin() + t * D)) << "token " << t;
+    EXPECT_TRUE(std::equal(mix1.post.begin(), mix1.post.end(), mix.post.begin() + t * hc)) << "token " << t;
+    EXPECT_TRUE(std::equal(mix1.comb.begin(), mix1.comb.end(), mix.comb.begin() + t * hc * hc)) << "token " << t;
+  }
+  std::vector<float> f = rng.bf16_vec(size_t(k.n * D), -2, 2), X = k.X;
+  dsv4::hc_post(f.data(), X.data(), k.n, hc, D, mix);
+  for (int64_t t = 0; t < k.n; ++t)
+    for (int kk = 0; kk < hc; ++kk)
+      for (int64_t c = 0; c < D; ++c) {
+        float s = 0.f;
+        for (int j = 0; j < hc; ++j) s += mix.comb[size_t(t * hc * hc + j * hc + kk)] * k.X[size_t((t * hc + j) * D + c)];
+        const float want = dsv4::bf16r(mix.post[size_t(t * hc + kk)] * f[size_t(t * D + c)] + s);
+        ASSERT_EQ(std::bit_cast<uint32_t>(X[size_t((t * hc + kk) * D + c)]), std::bit_cast<uint32_t>(want))
+            << "token " << t << " stream " << kk << " ch " << c;
       }
 }
 

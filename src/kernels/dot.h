@@ -22,6 +22,21 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return combine16(acc);
 }
 
+// out[t] = dot_f32(a, b[t], n) for four vectors b at once: the same sums,
+// four independent chains (one dot_f32 waits on its adds' latency).
+inline void dot4_f32(const float* a, const float* const* b, int64_t n, float* out) {
+  float acc[4][16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t)
+      for (int j = 0; j < 16; ++j) acc[t][j] += a[i + j] * b[t][i + j];
+  for (int t = 0; t < 4; ++t) {
+    for (int j = 0; i + j < n; ++j) acc[t][j] += a[i + j] * b[t][i + j];
+    out[t] = combine16(acc[t]);
+  }
+}
+
 // sum of squares with the same lane order as dot_f32(a, a, n).
 inline float sumsq_f32(const float* a, int64_t n) { return dot_f32(a, a, n); }
 
