@@ -91,7 +91,7 @@ bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, bool parall
                   int* min_exponent) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   const int64_t KH = (K + 1) / 2, rows_per_block = 32, blocks = (M + rows_per_block - 1) / rows_per_block;
-  out.resize(size_t(M * KH));
+  if (out.size() < size_t(M * KH)) out.resize(size_t(M * KH));
   std::vector<int> ok(static_cast<size_t>(blocks)), exps(static_cast<size_t>(blocks));
   auto pack = [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -147,7 +147,13 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   // the BF16 kernel takes every panel pair where that is exact (see
   // kDotMinBiasedExponentSum); the others run on the fp32 kernel. Both give
   // the same bits, so the choice per panel changes only the speed.
-  std::vector<uint32_t> Ap;
+  // Kept per thread from call to call (a fresh vector was zero-filled every
+  // call: the attention's per-query products are small and many). No gemm
+  // runs inside another on one thread: the row slices above return first.
+  // The tasks below run on other threads: they reach this thread's buffer
+  // through the reference, not through the thread_local name.
+  thread_local std::vector<uint32_t> a_pairs;
+  std::vector<uint32_t>& Ap = a_pairs;
   int a_exp = 255;
   const bool dot = kernel_isa() == Isa::kAvx512Bf16 && pack_a_pairs(A, lda, M, K, parallel, Ap, &a_exp);
   const int64_t KH = (K + 1) / 2;

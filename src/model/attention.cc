@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <cmath>
+#include <cstring>
 
 #include "core/formats.h"
 #include "core/thread_pool.h"
@@ -84,7 +85,10 @@ void attend_query(const float* q, int64_t H, const float* const* keys, int64_t n
   // Scores of all heads against the shared keys, then the softmax with the
   // sink per head, then the weighted key sum: two gemms (keys are K = V).
   const float scale = 1.0f / std::sqrt(float(d));
-  std::vector<float> s(size_t(H * nkeys)), o(size_t(H * d));
+  // Every score is written by the gemm: kept from query to query, never
+  // cleared.
+  thread_local std::vector<float> s;
+  if (s.size() < size_t(H * nkeys)) s.resize(size_t(H * nkeys));
   auto gather_keys = [&](int64_t n0, float* panel) {
     for (int j = 0; j < kGemmNR; ++j) {
       const float* k = n0 + j < nkeys ? keys[n0 + j] : nullptr;
@@ -107,6 +111,10 @@ void attend_query(const float* q, int64_t H, const float* const* keys, int64_t n
   // o[h][c] = Σ_j p[h][j] · key_j[c]: B rows are key columns.
   auto key_columns = [&](int64_t c0, float* panel) {
     const int64_t nc = std::min<int64_t>(kGemmNR, d - c0);
+    if (nc == kGemmNR) {  // a fixed-size copy the compiler inlines
+      for (int64_t j = 0; j < nkeys; ++j) std::memcpy(panel + j * kGemmNR, keys[j] + c0, sizeof(float) * kGemmNR);
+      return;
+    }
     for (int64_t j = 0; j < nkeys; ++j) {
       float* dst = panel + j * kGemmNR;
       std::copy(keys[j] + c0, keys[j] + c0 + nc, dst);
