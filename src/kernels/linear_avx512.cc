@@ -199,48 +199,81 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
   return lowest >= 2 && highest <= 252;
 }
 
-bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
+namespace {
+
+// bf16 bits of the e4m3 magnitudes, codes 0-127 (MODEL.md §2): exponent
+// field e, mantissa m; e = 0 is m · 2^-9, else (1 + m/8) · 2^(e-7). Code 127
+// is NaN; the decoder refuses a panel that holds it.
+struct E4m3Bf16Table {
+  alignas(64) uint16_t bits[128];
+  constexpr E4m3Bf16Table() : bits() {
+    for (int c = 0; c < 128; ++c) {
+      const int e = c >> 3, m = c & 7;
+      if (e > 0) {
+        bits[c] = uint16_t(((e + 120) << 7) | (m << 4));
+      } else if (m > 0) {  // m · 2^-9: normalise the mantissa
+        int p = 2;
+        while (!(m >> p)) --p;  // m = 2^p + rest
+        bits[c] = uint16_t(((p - 9 + 127) << 7) | (((m - (1 << p)) << (7 - p)) & 0x7f));
+      }
+    }
+  }
+};
+constexpr E4m3Bf16Table kE4m3Bf16;
+
+}  // namespace
+
+// Needs AVX512-BW (vpermi2w, word masks), as the FP4 pair decoder.
+__attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end,
+                                                                  uint32_t* pairs, int* min_exponent) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
   const int64_t B = w.block;
   if (w.in % 16 != 0 || B % 16 != 0) return false;  // 16 codes of a row at a time, in one scale block
   const Rows16 r(w, o0, o_end, w.in, (w.in + B - 1) / B, B);
-  // e4m3 from its bits, as the fp32 decoders do: exponent and mantissa moved
-  // to bits 20-26 of an fp32 are the value times 2^-120 for every code
-  // (subnormals included), so one exact multiply by 2^120 gives it; then the
-  // power-of-two scale, exact while the result is normal.
-  const __m512i em = _mm512_set1_epi32(0x7f << 20), sm = _mm512_set1_epi32(int32_t(0x80000000u));
-  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
-  const __m512 p120 = _mm512_set1_ps(0x1p120f);
-  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
-  __mmask16 nan = 0;
-  __m512 scale = _mm512_setzero_ps();
+  // Each word looks its code's magnitude up in the 128-entry table (two
+  // 64-entry vpermi2w, chosen by bit 6; the index's higher bits are
+  // ignored), then adds the power-of-two scale to the exponent field of a
+  // non-zero value and takes the sign from bit 7: exact while the result is
+  // normal, as the checks below make sure.
+  const __m512i t0 = _mm512_load_si512(kE4m3Bf16.bits), t1 = _mm512_load_si512(kE4m3Bf16.bits + 32);
+  const __m512i t2 = _mm512_load_si512(kE4m3Bf16.bits + 64), t3 = _mm512_load_si512(kE4m3Bf16.bits + 96);
+  const __m512i low_word = _mm512_set1_epi32(0xffff), bit6 = _mm512_set1_epi16(0x40);
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff), sign = _mm512_set1_epi16(short(0x8000));
+  const __m512i nan_bytes = _mm512_set1_epi8(0x7f);
+  // Bytes of the kept rows (4 per lane) for the NaN check.
+  __mmask64 keep_bytes = 0;
+  for (int i = 0; i < 16; ++i)
+    if (r.keep >> i & 1) keep_bytes |= __mmask64(0xf) << (4 * i);
+  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512(), shift = _mm512_setzero_si512();
+  __mmask64 nan = 0;
   for (int64_t k = 0; k < w.in; k += 16) {
     r.prefetch_next_panel(k);
     if (k % B == 0) {
       const __m512i s = r.scale_codes(k / B);
       lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
       hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
-      scale = Rows16::scale_values(s);
+      const __m512i sh = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(127)), 7);
+      shift = _mm512_ternarylogic_epi32(_mm512_slli_epi32(sh, 16), sh, low_word, 0xf8);  // in both words
     }
     __m512 v[4];
     r.dwords4(k, v);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const __m512i codes = _mm512_castps_si512(v[j]);
-      __m512i d[4];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {  // byte i: bits 0-6 to 20-26, bit 7 to 31
-        const __m512i e =
-            _mm512_and_si512(i <= 2 ? _mm512_slli_epi32(codes, 20 - 8 * i) : _mm512_srli_epi32(codes, 4), em);
-        nan = __mmask16(nan | _mm512_mask_cmpeq_epi32_mask(r.keep, e, em));  // 0x7f and 0xff
-        const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(codes, 24 - 8 * i), sm);
-        d[i] = _mm512_castps_si512(
-            _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(e, sign)), p120), scale));
+      const __m512i codes = _mm512_castps_si512(v[j]);  // codes k + 4j .. k + 4j + 3 of each row
+      nan |= _mm512_mask_cmpeq_epi8_mask(keep_bytes, _mm512_and_si512(codes, nan_bytes), nan_bytes);
+      // Pair 0: code 0 in the high word, code 1 in the low one; pair 1: 2, 3.
+      const __m512i idx[2] = {_mm512_ternarylogic_epi32(low_word, _mm512_srli_epi32(codes, 8),
+                                                        _mm512_slli_epi32(codes, 16), 0xca),
+                              _mm512_ternarylogic_epi32(low_word, _mm512_srli_epi32(codes, 24), codes, 0xca)};
+#pragma GCC unroll 2
+      for (int p = 0; p < 2; ++p) {
+        __m512i x = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(idx[p], bit6),
+                                            _mm512_permutex2var_epi16(t0, idx[p], t1),
+                                            _mm512_permutex2var_epi16(t2, idx[p], t3));
+        x = _mm512_mask_add_epi16(x, _mm512_test_epi16_mask(x, magnitude), x, shift);
+        x = _mm512_ternarylogic_epi32(x, _mm512_slli_epi16(idx[p], 8), sign, 0xf8);  // x | (idx << 8 & sign)
+        _mm512_storeu_si512(pairs + ((k + 4 * j) / 2 + p) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, x));
       }
-      const __m512i p01 = _mm512_or_si512(_mm512_and_si512(d[0], high), _mm512_srli_epi32(d[1], 16));
-      const __m512i p23 = _mm512_or_si512(_mm512_and_si512(d[2], high), _mm512_srli_epi32(d[3], 16));
-      _mm512_storeu_si512(pairs + ((k + 4 * j) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, p01));
-      _mm512_storeu_si512(pairs + ((k + 4 * j) / 2 + 1) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, p23));
     }
   }
   // Codes 10-246 keep every value normal and finite: the smallest non-zero
