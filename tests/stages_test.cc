@@ -676,7 +676,8 @@ TEST(StageHc, FastPathsEqualPlainLoopsBitwise) {
     for (int kk = 0; kk < hc; ++kk)
       for (int64_t c = 0; c < D; ++c) {
         float s = 0.f;
-        for (int j = 0; j < hc; ++j) s += mix.comb[size_t(t * hc * hc + j * hc + kk)] * k.X[size_t((t * hc + j) * D + c)];
+        for (int j = 0; j < hc; ++j)
+          s += mix.comb[size_t(t * hc * hc + j * hc + kk)] * k.X[size_t((t * hc + j) * D + c)];
         const float want = dsv4::bf16r(mix.post[size_t(t * hc + kk)] * f[size_t(t * D + c)] + s);
         ASSERT_EQ(std::bit_cast<uint32_t>(X[size_t((t * hc + kk) * D + c)]), std::bit_cast<uint32_t>(want))
             << "token " << t << " stream " << kk << " ch " << c;

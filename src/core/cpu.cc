@@ -18,8 +18,8 @@ bool cpu_has(Isa isa) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
     case Isa::kAvx512: return __builtin_cpu_supports("avx512f");
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-    // The FP4 pair decoder also uses AVX512-BW (vpermw), which every
-    // AVX512-BF16 CPU has; checked all the same.
+    // The FP4/FP8 pair decoders also use AVX512-BW (vpermw, vpermi2w),
+    // which every AVX512-BF16 CPU has; checked all the same.
     case Isa::kAvx512Bf16:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512bf16");

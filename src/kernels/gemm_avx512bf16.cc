@@ -152,7 +152,9 @@ bool gemm_pack_gathered_rows_bf16(const float* const* rows, int64_t K, uint32_t*
   for (int64_t k = 0; k < K; k += 32) {
     const int64_t left = K - k;
     const __mmask16 m_lo = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-    const __mmask16 m_hi = left >= 32 ? __mmask16(0xffff) : left <= 16 ? __mmask16(0) : __mmask16((1u << (left - 16)) - 1);
+    const __mmask16 m_hi = left >= 32   ? __mmask16(0xffff)
+                           : left <= 16 ? __mmask16(0)
+                                        : __mmask16((1u << (left - 16)) - 1);
     __m512i t[16];
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
@@ -161,7 +163,8 @@ bool gemm_pack_gathered_rows_bf16(const float* const* rows, int64_t K, uint32_t*
         continue;
       }
       // Masked loads: nothing past the row's K values is read.
-      const __m512i lo = _mm512_maskz_loadu_epi32(m_lo, rows[j] + k), hi = _mm512_maskz_loadu_epi32(m_hi, rows[j] + k + 16);
+      const __m512i lo = _mm512_maskz_loadu_epi32(m_lo, rows[j] + k);
+      const __m512i hi = _mm512_maskz_loadu_epi32(m_hi, rows[j] + k + 16);
       check.add(lo);
       check.add(hi);
       t[j] = pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
