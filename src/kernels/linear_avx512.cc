@@ -119,6 +119,37 @@ class ScaleStream {
   __m512 dwords_[4];
 };
 
+// The smallest and largest scale code of the kept rows (the pair decoders'
+// exactness checks).
+struct ScaleRange {
+  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
+  void add(__m512i s, __mmask16 keep) {
+    lo = _mm512_mask_min_epi32(lo, keep, lo, s);
+    hi = _mm512_mask_max_epi32(hi, keep, hi, s);
+  }
+  int lowest() const { return _mm512_reduce_min_epi32(lo); }
+  int highest() const { return _mm512_reduce_max_epi32(hi); }
+};
+
+// Pair dwords of two word indices: the high word from `high` (its bits
+// 16-31), the low word from `low` (its bits 0-15).
+inline __m512i join_words(__m512i high, __m512i low) {
+  return _mm512_ternarylogic_epi32(_mm512_set1_epi32(0xffff), low, high, 0xca);  // (mask & low) | (~mask & high)
+}
+
+// The scale 2^(s-127) of each lane as an addend to the exponent field (bits
+// 7-14) of both its bf16 words. Wrapping 16-bit adds keep the sign bit while
+// the result's exponent stays in 1-254, which the decoders' checks ensure.
+inline __m512i exponent_addend(__m512i s) {
+  const __m512i e = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(127)), 7);
+  return _mm512_ternarylogic_epi32(_mm512_slli_epi32(e, 16), e, _mm512_set1_epi32(0xffff), 0xf8);  // a | (b & c)
+}
+
+// x scaled: the addend added to every non-zero bf16 word (zeros stay zero).
+__attribute__((target("avx512bw"))) inline __m512i scale_words(__m512i x, __m512i addend) {
+  return _mm512_mask_add_epi16(x, _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff)), x, addend);
+}
+
 }  // namespace
 
 void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
@@ -155,25 +186,19 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
   const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
   // bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
-  // word index, and bit 4 is the next code's low bit. A scale 2^(s-127)
-  // adds s - 127 to a non-zero value's exponent field (bits 7-14).
+  // word index, and bit 4 is the next code's low bit.
   const __m512i table = _mm512_set_epi16(
       short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00),
       short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000, short(0xc0c0), short(0xc080),
       short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00), short(0x8000), 0x40c0, 0x4080,
       0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000);
-  const __m512i magnitude = _mm512_set1_epi16(0x7fff), low_word = _mm512_set1_epi32(0xffff);
   ScaleStream scales(r, w.in / 32);
-  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
+  ScaleRange range;
   for (int64_t k = 0; k < w.in; k += 32) {
     r.prefetch_next_panel(k / 2);
     const __m512i s = scales.next(k / 32);
-    lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
-    hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
-    // s - 127 at bit 7 of both words of a lane (wrapping 16-bit adds keep
-    // the sign bit while the result exponent stays in 1-254).
-    const __m512i shift = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(127)), 7);
-    const __m512i shift2 = _mm512_ternarylogic_epi32(_mm512_slli_epi32(shift, 16), shift, low_word, 0xf8);
+    range.add(s, r.keep);
+    const __m512i addend = exponent_addend(s);
     __m512 v[4];
     r.dwords4(k / 2, v);
 #pragma GCC unroll 4
@@ -186,10 +211,7 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
       for (int b = 0; b < 4; ++b) {
         const __m512i first = b < 2 ? _mm512_slli_epi32(codes, 16 - 8 * b) : _mm512_srli_epi32(codes, 8 * b - 16);
         const __m512i second = _mm512_srli_epi32(codes, 8 * b + 4);
-        // (low_word & second) | (~low_word & first)
-        const __m512i idx = _mm512_ternarylogic_epi32(low_word, second, first, 0xca);
-        __m512i pair = _mm512_permutexvar_epi16(idx, table);
-        pair = _mm512_mask_add_epi16(pair, _mm512_test_epi16_mask(pair, magnitude), pair, shift2);
+        const __m512i pair = scale_words(_mm512_permutexvar_epi16(join_words(first, second), table), addend);
         _mm512_storeu_si512(pairs + ((k + 8 * j + 2 * b) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
       }
     }
@@ -197,7 +219,7 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
   // Codes 2-252 keep every value normal and finite: 0.5 · 2^(2-127) =
   // 2^-126, 6 · 2^(252-127) < 2^128. The smallest non-zero magnitude, 0.5,
   // gives the smallest exponent: s - 1 biased.
-  const int lowest = _mm512_reduce_min_epi32(lo), highest = _mm512_reduce_max_epi32(hi);
+  const int lowest = range.lowest(), highest = range.highest();
   *min_exponent = lowest - 1;
   return lowest >= 2 && highest <= 252;
 }
@@ -240,23 +262,21 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
   // normal, as the checks below make sure.
   const __m512i t0 = _mm512_load_si512(kE4m3Bf16.bits), t1 = _mm512_load_si512(kE4m3Bf16.bits + 32);
   const __m512i t2 = _mm512_load_si512(kE4m3Bf16.bits + 64), t3 = _mm512_load_si512(kE4m3Bf16.bits + 96);
-  const __m512i low_word = _mm512_set1_epi32(0xffff), bit6 = _mm512_set1_epi16(0x40);
-  const __m512i magnitude = _mm512_set1_epi16(0x7fff), sign = _mm512_set1_epi16(short(0x8000));
+  const __m512i bit6 = _mm512_set1_epi16(0x40), sign = _mm512_set1_epi16(short(0x8000));
   const __m512i nan_bytes = _mm512_set1_epi8(0x7f);
   // Bytes of the kept rows (4 per lane) for the NaN check.
   __mmask64 keep_bytes = 0;
   for (int i = 0; i < 16; ++i)
     if (r.keep >> i & 1) keep_bytes |= __mmask64(0xf) << (4 * i);
-  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512(), shift = _mm512_setzero_si512();
+  ScaleRange range;
+  __m512i addend = _mm512_setzero_si512();
   __mmask64 nan = 0;
   for (int64_t k = 0; k < w.in; k += 16) {
     r.prefetch_next_panel(k);
     if (k % B == 0) {
       const __m512i s = r.scale_codes(k / B);
-      lo = _mm512_mask_min_epi32(lo, r.keep, lo, s);
-      hi = _mm512_mask_max_epi32(hi, r.keep, hi, s);
-      const __m512i sh = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(127)), 7);
-      shift = _mm512_ternarylogic_epi32(_mm512_slli_epi32(sh, 16), sh, low_word, 0xf8);  // in both words
+      range.add(s, r.keep);
+      addend = exponent_addend(s);
     }
     __m512 v[4];
     r.dwords4(k, v);
@@ -265,15 +285,14 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
       const __m512i codes = _mm512_castps_si512(v[j]);  // codes k + 4j .. k + 4j + 3 of each row
       nan |= _mm512_mask_cmpeq_epi8_mask(keep_bytes, _mm512_and_si512(codes, nan_bytes), nan_bytes);
       // Pair 0: code 0 in the high word, code 1 in the low one; pair 1: 2, 3.
-      const __m512i idx[2] = {_mm512_ternarylogic_epi32(low_word, _mm512_srli_epi32(codes, 8),
-                                                        _mm512_slli_epi32(codes, 16), 0xca),
-                              _mm512_ternarylogic_epi32(low_word, _mm512_srli_epi32(codes, 24), codes, 0xca)};
+      const __m512i idx[2] = {join_words(_mm512_slli_epi32(codes, 16), _mm512_srli_epi32(codes, 8)),
+                              join_words(codes, _mm512_srli_epi32(codes, 24))};
 #pragma GCC unroll 2
       for (int p = 0; p < 2; ++p) {
         __m512i x = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(idx[p], bit6),
                                             _mm512_permutex2var_epi16(t0, idx[p], t1),
                                             _mm512_permutex2var_epi16(t2, idx[p], t3));
-        x = _mm512_mask_add_epi16(x, _mm512_test_epi16_mask(x, magnitude), x, shift);
+        x = scale_words(x, addend);
         x = _mm512_ternarylogic_epi32(x, _mm512_slli_epi16(idx[p], 8), sign, 0xf8);  // x | (idx << 8 & sign)
         _mm512_storeu_si512(pairs + ((k + 4 * j) / 2 + p) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, x));
       }
@@ -281,7 +300,7 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
   }
   // Codes 10-246 keep every value normal and finite: the smallest non-zero
   // e4m3 value 2^-9 times 2^(10-127) is 2^-126; 448 · 2^(246-127) < 2^128.
-  const int lowest = _mm512_reduce_min_epi32(lo), highest = _mm512_reduce_max_epi32(hi);
+  const int lowest = range.lowest(), highest = range.highest();
   *min_exponent = lowest - 9;
   return nan == 0 && lowest >= 10 && highest <= 246;
 }
