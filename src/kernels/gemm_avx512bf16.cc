@@ -90,6 +90,15 @@ inline __m512i pair16(__m512i x, __m512i y) {
   return _mm512_or_si512(_mm512_and_si512(x, _mm512_set1_epi32(int(0xffff0000u))), _mm512_srli_epi32(y, 16));
 }
 
+// The 16 pairs of 32 consecutive values of one row (lo: values 0-15, hi:
+// 16-31): the two lanes of each pair come apart into even (k) and odd
+// (k + 1) values by one two-source permute each.
+inline __m512i pairs_of_32(__m512i lo, __m512i hi) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  return pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
+}
+
 }  // namespace
 
 void gemm_micro_rows_avx512bf16(int rows, int panels, const uint32_t* A, int64_t lda, const uint32_t* P,
@@ -113,11 +122,7 @@ bool gemm_pack_panel_bf16(const float* panel, int64_t K, uint32_t* out, int* min
 bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int* min_exponent) {
   const int64_t kp = (K + 1) / 2;
   PairCheck check;
-  // Sixteen pairs at a time: the two lanes of each pair come apart into
-  // even (k) and odd (k + 1) values by one two-source permute each.
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  for (int64_t m = 0; m < rows; ++m) {
+  for (int64_t m = 0; m < rows; ++m) {  // sixteen pairs at a time
     const float* a = A + m * lda;
     uint32_t* o = out + m * kp;
     int64_t j = 0;
@@ -125,8 +130,7 @@ bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, u
       const __m512i lo = _mm512_loadu_si512(a + 2 * j), hi = _mm512_loadu_si512(a + 2 * j + 16);
       check.add(lo);
       check.add(hi);
-      _mm512_storeu_si512(o + j,
-                          pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi)));
+      _mm512_storeu_si512(o + j, pairs_of_32(lo, hi));
     }
     for (; j < kp; ++j) {  // the tail, one pair at a time through a masked lane
       alignas(64) uint32_t x[16] = {}, y[16] = {};
@@ -145,8 +149,6 @@ bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, u
 
 bool gemm_pack_gathered_rows_bf16(const float* const* rows, int64_t K, uint32_t* out, int* min_exponent) {
   PairCheck check;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   // 32 values (16 pairs) of every row at a time: row j's pairs as one
   // vector, then a 16 × 16 dword transpose puts row j in lane j.
   for (int64_t k = 0; k < K; k += 32) {
@@ -167,7 +169,7 @@ bool gemm_pack_gathered_rows_bf16(const float* const* rows, int64_t K, uint32_t*
       const __m512i hi = _mm512_maskz_loadu_epi32(m_hi, rows[j] + k + 16);
       check.add(lo);
       check.add(hi);
-      t[j] = pair16(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
+      t[j] = pairs_of_32(lo, hi);
     }
     // Transpose: after it, t'[i] lane j = t[j] lane i.
     __m512i u[16];
