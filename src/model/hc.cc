@@ -16,9 +16,8 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 constexpr int kHcBlock = 8;  // tokens per block of mixes
 
 // m[t] = (fn · x_t) · r_t for the tokens of a block, r_t = 1/sqrt(mean(x_t²)
-// + eps) over the flattened streams. Rows of fn outside, tokens inside: a
-// row (hc·D values) is read once per block from L2 instead of once per token
-// (all of fn is 1.5 MB at Flash's hc = 4, D = 4096: more than L2).
+// + eps) over the flattened streams. Four tokens at a time (dot4_f32): one
+// dot product at a time waited on its adds' latency.
 void mixes(const float* const* x, int tokens, int64_t len, const float* fn, int rows, float norm_eps, float* m) {
   float r[kHcBlock];
   for (int t = 0; t < tokens; ++t) r[t] = 1.0f / std::sqrt(sumsq_f32(x[t], len) / float(len) + norm_eps);
@@ -34,21 +33,26 @@ void mixes(const float* const* x, int tokens, int64_t len, const float* fn, int 
   }
 }
 
-// Σ_i pre[i]·X[i] in fp32, ascending i, rounded to bf16.
-// 16 channels at a time (vectorised), each its own sum in ascending i.
-void weighted_streams(const float* X, const float* pre, int hc, int64_t D, float* y) {
+// s[c] = Σ_i wt[i·stride]·X[i][c] in fp32, ascending i: 16 channels at a
+// time (vectorised), each its own sum.
+void stream_sum(const float* X, const float* wt, int64_t stride, int hc, int64_t D, float* s) {
   int64_t c0 = 0;
   for (; c0 + 16 <= D; c0 += 16) {
-    float s[16] = {0};
+    float acc[16] = {0};
     for (int i = 0; i < hc; ++i)
-      for (int l = 0; l < 16; ++l) s[l] += pre[i] * X[i * D + c0 + l];
-    for (int l = 0; l < 16; ++l) y[c0 + l] = s[l];
+      for (int l = 0; l < 16; ++l) acc[l] += wt[i * stride] * X[i * D + c0 + l];
+    for (int l = 0; l < 16; ++l) s[c0 + l] = acc[l];
   }
   for (int64_t c = c0; c < D; ++c) {
-    float s = 0.f;
-    for (int i = 0; i < hc; ++i) s += pre[i] * X[i * D + c];
-    y[c] = s;
+    float acc = 0.f;
+    for (int i = 0; i < hc; ++i) acc += wt[i * stride] * X[i * D + c];
+    s[c] = acc;
   }
+}
+
+// Σ_i pre[i]·X[i] in fp32, ascending i, rounded to bf16.
+void weighted_streams(const float* X, const float* pre, int hc, int64_t D, float* y) {
+  stream_sum(X, pre, 1, hc, D, y);
   bf16r_inplace(y, size_t(D));
 }
 
@@ -67,40 +71,40 @@ void hc_pre(const float* X, int64_t n, int hc, int64_t D, const HcWeights& w, in
     std::vector<float> mb(size_t(tokens * rows));
     mixes(xs, tokens, hc * D, w.fn.data(), rows, norm_eps, mb.data());
     for (int64_t t = t0; t < t0 + tokens; ++t) {
-    const float* x = X + t * hc * D;
-    const float* m = mb.data() + (t - t0) * rows;
-    float pre[64];
-    for (int i = 0; i < hc; ++i) pre[i] = sigmoid(m[i] * w.scale[0] + w.base[i]) + hc_eps;
-    float* post = mix->post.data() + t * hc;
-    for (int i = 0; i < hc; ++i) post[i] = 2.0f * sigmoid(m[hc + i] * w.scale[1] + w.base[hc + i]);
-    float* C = mix->comb.data() + t * hc * hc;
-    for (int j = 0; j < hc; ++j) {
-      float mx = -INFINITY;
-      for (int k = 0; k < hc; ++k) {
-        C[j * hc + k] = m[2 * hc + j * hc + k] * w.scale[2] + w.base[2 * hc + j * hc + k];
-        mx = std::max(mx, C[j * hc + k]);
-      }
-      float s = 0.f;
-      for (int k = 0; k < hc; ++k) s += (C[j * hc + k] = std::exp(C[j * hc + k] - mx));
-      for (int k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / s + hc_eps;
-    }
-    auto col_norm = [&] {
-      for (int k = 0; k < hc; ++k) {
-        float s = 0.f;
-        for (int j = 0; j < hc; ++j) s += C[j * hc + k];
-        for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + hc_eps);
-      }
-    };
-    col_norm();
-    for (int it = 1; it < sinkhorn_iters; ++it) {
+      const float* x = X + t * hc * D;
+      const float* m = mb.data() + (t - t0) * rows;
+      float pre[64];
+      for (int i = 0; i < hc; ++i) pre[i] = sigmoid(m[i] * w.scale[0] + w.base[i]) + hc_eps;
+      float* post = mix->post.data() + t * hc;
+      for (int i = 0; i < hc; ++i) post[i] = 2.0f * sigmoid(m[hc + i] * w.scale[1] + w.base[hc + i]);
+      float* C = mix->comb.data() + t * hc * hc;
       for (int j = 0; j < hc; ++j) {
+        float mx = -INFINITY;
+        for (int k = 0; k < hc; ++k) {
+          C[j * hc + k] = m[2 * hc + j * hc + k] * w.scale[2] + w.base[2 * hc + j * hc + k];
+          mx = std::max(mx, C[j * hc + k]);
+        }
         float s = 0.f;
-        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
-        for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + hc_eps);
+        for (int k = 0; k < hc; ++k) s += (C[j * hc + k] = std::exp(C[j * hc + k] - mx));
+        for (int k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / s + hc_eps;
       }
+      auto col_norm = [&] {
+        for (int k = 0; k < hc; ++k) {
+          float s = 0.f;
+          for (int j = 0; j < hc; ++j) s += C[j * hc + k];
+          for (int j = 0; j < hc; ++j) C[j * hc + k] /= (s + hc_eps);
+        }
+      };
       col_norm();
-    }
-    weighted_streams(x, pre, hc, D, y + t * D);
+      for (int it = 1; it < sinkhorn_iters; ++it) {
+        for (int j = 0; j < hc; ++j) {
+          float s = 0.f;
+          for (int k = 0; k < hc; ++k) s += C[j * hc + k];
+          for (int k = 0; k < hc; ++k) C[j * hc + k] /= (s + hc_eps);
+        }
+        col_norm();
+      }
+      weighted_streams(x, pre, hc, D, y + t * D);
     }
   });
 }
@@ -111,21 +115,10 @@ void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix
     const float* post = mix.post.data() + t * hc;
     const float* C = mix.comb.data() + t * hc * hc;
     std::vector<float> out(size_t(hc * D));
-    // 16 channels at a time (vectorised), each still its own sum in
-    // ascending j.
     for (int k = 0; k < hc; ++k) {
-      int64_t c0 = 0;
-      for (; c0 + 16 <= D; c0 += 16) {
-        float s[16] = {0};
-        for (int j = 0; j < hc; ++j)
-          for (int l = 0; l < 16; ++l) s[l] += C[j * hc + k] * x[j * D + c0 + l];
-        for (int l = 0; l < 16; ++l) out[size_t(k * D + c0 + l)] = post[k] * f[t * D + c0 + l] + s[l];
-      }
-      for (int64_t c = c0; c < D; ++c) {
-        float s = 0.f;
-        for (int j = 0; j < hc; ++j) s += C[j * hc + k] * x[j * D + c];
-        out[size_t(k * D + c)] = post[k] * f[t * D + c] + s;
-      }
+      float* o = out.data() + k * D;
+      stream_sum(x, C + k, hc, hc, D, o);  // Σ_j C[j][k]·X[j]
+      for (int64_t c = 0; c < D; ++c) o[c] = post[k] * f[t * D + c] + o[c];
     }
     bf16r_inplace(out.data(), out.size());
     std::copy(out.begin(), out.end(), x);
