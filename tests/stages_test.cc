@@ -670,14 +670,28 @@ TEST(StageHc, FastPathsEqualPlainLoopsBitwise) {
     EXPECT_TRUE(std::equal(mix1.post.begin(), mix1.post.end(), mix.post.begin() + t * hc)) << "token " << t;
     EXPECT_TRUE(std::equal(mix1.comb.begin(), mix1.comb.end(), mix.comb.begin() + t * hc * hc)) << "token " << t;
   }
-  std::vector<float> f = rng.bf16_vec(size_t(k.n * D), -2, 2), X = k.X;
+  // hc_post on inputs where the order of the sum shows in the bf16 result:
+  // streams 0 and 1 cancel exactly in ascending order (equal weights,
+  // opposite values of ~2^20), so the result is streams 2 and 3 alone; any
+  // other order first rounds them away against ±2^20.
+  std::vector<float> f = rng.bf16_vec(size_t(k.n * D), -2, 2), X0 = k.X;
+  for (int64_t t = 0; t < k.n; ++t) {
+    for (int kk = 0; kk < hc; ++kk)
+      mix.comb[size_t(t * hc * hc + hc + kk)] = mix.comb[size_t(t * hc * hc + kk)];
+    for (int64_t c = 0; c < D; ++c) {
+      const float big = dsv4::bf16r(float(rng.uniform(1, 2)) * 0x1p20f);
+      X0[size_t((t * hc + 0) * D + c)] = big;
+      X0[size_t((t * hc + 1) * D + c)] = -big;
+    }
+  }
+  std::vector<float> X = X0;
   dsv4::hc_post(f.data(), X.data(), k.n, hc, D, mix);
   for (int64_t t = 0; t < k.n; ++t)
     for (int kk = 0; kk < hc; ++kk)
       for (int64_t c = 0; c < D; ++c) {
         float s = 0.f;
         for (int j = 0; j < hc; ++j)
-          s += mix.comb[size_t(t * hc * hc + j * hc + kk)] * k.X[size_t((t * hc + j) * D + c)];
+          s += mix.comb[size_t(t * hc * hc + j * hc + kk)] * X0[size_t((t * hc + j) * D + c)];
         const float want = dsv4::bf16r(mix.post[size_t(t * hc + kk)] * f[size_t(t * D + c)] + s);
         ASSERT_EQ(std::bit_cast<uint32_t>(X[size_t((t * hc + kk) * D + c)]), std::bit_cast<uint32_t>(want))
             << "token " << t << " stream " << kk << " ch " << c;
