@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <optional>
 #include <cmath>
-#include <cstring>
 
 #include "core/formats.h"
 #include "core/thread_pool.h"
@@ -111,10 +110,6 @@ void attend_query(const float* q, int64_t H, const float* const* keys, int64_t n
   // o[h][c] = Σ_j p[h][j] · key_j[c]: B rows are key columns.
   auto key_columns = [&](int64_t c0, float* panel) {
     const int64_t nc = std::min<int64_t>(kGemmNR, d - c0);
-    if (nc == kGemmNR) {  // a fixed-size copy the compiler inlines
-      for (int64_t j = 0; j < nkeys; ++j) std::memcpy(panel + j * kGemmNR, keys[j] + c0, sizeof(float) * kGemmNR);
-      return;
-    }
     for (int64_t j = 0; j < nkeys; ++j) {
       float* dst = panel + j * kGemmNR;
       std::copy(keys[j] + c0, keys[j] + c0 + nc, dst);
