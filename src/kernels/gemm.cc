@@ -283,8 +283,8 @@ bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t K, int64_t
 PairLoader dense_rows_pair_loader(const float* B, int64_t ldb, int64_t N, int64_t K) {
   return [=](int64_t n0, uint32_t* pairs, int* min_exponent) {
     const float* rows[NR];
-    for (int j = 0; j < NR; ++j) rows[j] = B + std::min(n0 + j, N - 1) * ldb;
-    return gathered_rows_pairs(rows, N - n0, K, 0, pairs, min_exponent);
+    for (int j = 0; j < NR; ++j) rows[j] = n0 + j < N ? B + (n0 + j) * ldb : nullptr;
+    return gathered_rows_pairs(rows, NR, K, 0, pairs, min_exponent);
   };
 }
 

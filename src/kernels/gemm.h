@@ -46,8 +46,8 @@ void gemm_reference(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N
 // A loader for a row-major fp32 matrix B [N][K] with row stride ldb.
 PanelLoader dense_rows_loader(const float* B, int64_t ldb, int64_t N, int64_t K);
 
-// Pair loaders for B rows given by pointers (rows[n], n < N, K values each)
-// or row-major as above: one pass from the rows to bf16 pairs, where the
+// Pair loaders for B rows given by pointers (rows[n], n < N, K values each;
+// null: a zero row) or row-major as above: one pass from the rows to bf16 pairs, where the
 // BF16 kernel runs (false elsewhere, and where a value is not exact).
 bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t K, int64_t n0, uint32_t* pairs,
                          int* min_exponent);
