@@ -34,12 +34,15 @@
 #include <vector>
 
 #include "io/config.h"
+#include "core/cpu.h"
 #include "core/formats.h"
 #include "kernels/dot.h"
+#include "kernels/exp.h"
 #include "kernels/hadamard.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "kernels/sparse_attention.h"
 #include "kernels/topk.h"
 #include "model/attention.h"
 #include "model/compressor.h"
@@ -1541,24 +1544,74 @@ std::vector<float> attend(const std::vector<float>& q, const std::vector<std::ve
   return out;
 }
 
-// The all-heads gemm path against the per-head reference: the outputs are
-// bf16 after fp32 sums in different orders, so most are bitwise equal and
-// the rest one bf16 step apart.
-TEST(StageAttention, AllHeadsGemmMatchesPerHeadReference) {
+// attend_query (every kernel variant) against the per-head definition, bit
+// for bit: head counts off the 16-lane and 64-head tiles, odd d (a padded
+// last pair), key counts off the 6-key tiles, keys in any order; scores
+// wide enough that exp underflows to subnormals and zero, sinks that
+// dominate or overflow. The BF16 kernel must decline (and the fp32 one give
+// the same bits) for tiny keys or one tiny q value (products near the
+// subnormal range) and for a q that is not bf16; the large cases are the
+// ones where a one-ulp change inside shows through the bf16 outputs.
+TEST(StageAttention, AllHeadsEqualPerHeadDefinitionBitwise) {
   Rng rng(251);
-  const int64_t H = 8, d = 64;
-  for (int64_t nkeys : {1, 5, 17, 200}) {
-    std::vector<float> q = rng.bf16_vec(size_t(H * d), -1, 1), k = rng.bf16_vec(size_t(nkeys * d), -1, 1);
-    std::vector<float> sinks = rng.bf16_vec(size_t(H), -2, 2);
-    std::vector<const float*> kp;
-    for (int64_t j = nkeys - 1; j >= 0; --j) kp.push_back(k.data() + j * d);  // any order of rows
-    std::vector<float> fast(size_t(H * d)), ref(size_t(H * d));
-    dsv4::attend_query(q.data(), H, kp.data(), nkeys, d, sinks.data(), fast.data());
-    for (int64_t h = 0; h < H; ++h)
-      dsv4::attend_head(q.data() + h * d, kp.data(), nkeys, d, sinks[size_t(h)], ref.data() + h * d);
-    ExpectMostlyExact(fast, ref, 0.8, [&](size_t i) { return bf16_step(ref[i]) * 1.01; },
-                      "nkeys " + std::to_string(nkeys));
+  const dsv4::Isa best = dsv4::kernel_isa();
+  struct Case {
+    int64_t H, d, nkeys;
+    double q_range, key_scale, q0;  // q0: q's first value, when not 0
+    bool q_bf16;
+  };
+  const Case cases[] = {
+      {1, 4, 1, 1, 1, 0, true},     {8, 64, 5, 1, 1, 0, true},    {16, 64, 17, 1, 1, 0, true},
+      {20, 30, 200, 1, 1, 0, true}, {64, 512, 37, 1, 1, 0, true}, {70, 33, 9, 1, 1, 0, true},
+      {3, 7, 100, 1, 1, 0, true},   {64, 128, 23, 40, 1, 0, true}, {17, 48, 31, 1, 0x1p-110, 0, true},
+      {64, 512, 41, 1, 1, 0x1p-120, true}, {64, 512, 29, 1, 1, 0, false}, {64, 512, 0, 1, 1, 0, true}};
+  for (const Case& k : cases) {
+    const std::string what = "H " + std::to_string(k.H) + " d " + std::to_string(k.d) + " nkeys " +
+                             std::to_string(k.nkeys);
+    std::vector<float> q(size_t(k.H * k.d)), keys = rng.bf16_vec(size_t(k.nkeys * k.d), -1, 1);
+    for (float& v : q) v = float(rng.uniform(-k.q_range, k.q_range));
+    if (k.q0 != 0) q[0] = float(k.q0);
+    if (k.q_bf16) dsv4::bf16r_inplace(q.data(), q.size());
+    for (float& v : keys) v = float(v * k.key_scale);  // a power of two: still bf16
+    std::vector<float> sinks = rng.bf16_vec(size_t(k.H), -2, 2);
+    if (k.H > 2) sinks[0] = 80, sinks[1] = 200;  // sink mass far above the keys', then overflowing
+    // Rows in reverse order: the caller's order is the order of the sums.
+    std::vector<const float*> rows;
+    std::vector<uint32_t> pairs(size_t(k.nkeys * dsv4::key_pair_count(k.d)));
+    std::vector<const uint32_t*> pair_rows;
+    int min_exp = 255;
+    for (int64_t j = k.nkeys - 1; j >= 0; --j) {
+      rows.push_back(keys.data() + j * k.d);
+      uint32_t* p = pairs.data() + j * dsv4::key_pair_count(k.d);
+      min_exp = std::min(min_exp, dsv4::pack_key_row(rows.back(), k.d, p));
+      pair_rows.push_back(p);
+    }
+    std::vector<float> ref(size_t(k.H * k.d));
+    for (int64_t h = 0; h < k.H; ++h)
+      dsv4::attend_head(q.data() + h * k.d, rows.data(), k.nkeys, k.d, sinks[size_t(h)], ref.data() + h * k.d);
+    for (dsv4::Isa isa : dsv4::supported_isas()) {
+      dsv4::set_kernel_isa(isa);
+      std::vector<float> fast(ref.size(), -1.f);
+      dsv4::attend_query(q.data(), k.H, pair_rows.data(), k.nkeys, k.d, min_exp, sinks.data(), fast.data());
+      EXPECT_EQ(std::memcmp(fast.data(), ref.data(), ref.size() * 4), 0) << what << " " << dsv4::isa_name(isa);
+    }
+    dsv4::set_kernel_isa(best);
   }
+}
+
+// The softmax's exp (kernels/exp.h) against double precision: within one
+// fp32 ulp of the rounded value, and exact at the edges.
+TEST(StageAttention, ExpWithinOneUlp) {
+  auto ulps = [](float a, float b) { return std::llabs(int64_t(to_bits(a)) - int64_t(to_bits(b))); };
+  for (float x = -104.f; x < 89.f; x += 0.0137f)
+    EXPECT_LE(ulps(dsv4::exp_f32(x), float(std::exp(double(x)))), 1) << fmt(x);
+  EXPECT_EQ(dsv4::exp_f32(0.f), 1.f);
+  EXPECT_EQ(dsv4::exp_f32(-kInfF), 0.f);
+  EXPECT_EQ(dsv4::exp_f32(-200.f), 0.f);
+  EXPECT_EQ(dsv4::exp_f32(kInfF), kInfF);
+  EXPECT_EQ(dsv4::exp_f32(100.f), kInfF);
+  EXPECT_TRUE(std::isnan(dsv4::exp_f32(std::nanf(""))));
+  EXPECT_EQ(dsv4::exp_f32(-103.5f), float(std::exp(-103.5)));  // a subnormal result, rounded once
 }
 
 TEST(StageAttention, SingleKeyHandChecked) {

@@ -73,15 +73,6 @@ MicroKernel micro_kernel(Isa isa) {
   }
 }
 
-// vdpbf16ps flushes subnormal inputs and results to zero; the fp32 chain
-// keeps them. A bf16 value is m·2^(E−7) with m an integer, E its unbiased
-// exponent, so a product of two is a multiple of 2^(Ea+Eb−14). When that is
-// at least 2^−126 for the smallest exponents of A and of a panel, every
-// product and every sum of them is a multiple of 2^−126: zero or normal,
-// never subnormal, so nothing is flushed and both chains agree. In biased
-// exponents (e = E + 127): ea + eb − 254 − 14 ≥ −126.
-constexpr int kDotMinBiasedExponentSum = 142;
-
 std::atomic<int64_t> g_dot_panels{0};
 
 // Packs A into bf16 pairs (Isa::kAvx512Bf16): true when the BF16 kernel may

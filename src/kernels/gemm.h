@@ -15,6 +15,15 @@ namespace dsv4 {
 
 constexpr int kGemmNR = 16;  // B rows per panel
 
+// vdpbf16ps flushes subnormal inputs and results to zero; the fp32 chain
+// keeps them. A bf16 value is m·2^(E−7) with m an integer, E its unbiased
+// exponent, so a product of two is a multiple of 2^(Ea+Eb−14). When that is
+// at least 2^−126 for the smallest exponents of the two operands, every
+// product and every sum of them is a multiple of 2^−126: zero or normal,
+// never subnormal, so nothing is flushed and both chains agree. In biased
+// exponents (e = E + 127): ea + eb − 254 − 14 ≥ −126.
+constexpr int kDotMinBiasedExponentSum = 142;
+
 // Writes B rows [n0, n0 + 16) into panel[k * 16 + j] (zeros past N).
 using PanelLoader = std::function<void(int64_t n0, float* panel)>;
 

@@ -6,10 +6,10 @@
 
 #include "core/formats.h"
 #include "core/thread_pool.h"
-#include "kernels/dot.h"
 #include "kernels/gemm.h"
 #include "kernels/hadamard.h"
 #include "kernels/norm.h"
+#include "kernels/sparse_attention.h"
 #include "kernels/topk.h"
 #include "core/stage_timer.h"
 
@@ -40,26 +40,6 @@ size_t AttentionState::bytes_held() const {
   return window.bytes_held() + comp.bytes_held() + idx_comp.bytes_held();
 }
 
-void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out) {
-  const float scale = 1.0f / std::sqrt(float(d));
-  std::vector<float> s(static_cast<size_t>(nkeys));
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < nkeys; ++j) {
-    s[j] = dot_f32(q, keys[j], d) * scale;
-    mx = std::max(mx, s[j]);
-  }
-  float denom = 0.f;
-  for (int64_t j = 0; j < nkeys; ++j) denom += (s[j] = std::exp(s[j] - mx));
-  denom += std::exp(sink - mx);
-  std::fill(out, out + d, 0.f);
-  for (int64_t j = 0; j < nkeys; ++j) {
-    const float p = s[j] / denom;
-    const float* k = keys[j];
-    for (int64_t i = 0; i < d; ++i) out[i] += p * k[i];
-  }
-  for (int64_t i = 0; i < d; ++i) out[i] = bf16r(out[i]);
-}
-
 void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
                     int topk, std::vector<int32_t>* chosen) {
   // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
@@ -77,46 +57,6 @@ void indexer_select(const float* qi, const float* wts, const float* idx_rows, in
   }
   topk_indices(score.data(), n_visible, topk, chosen);
   std::sort(chosen->begin(), chosen->end());
-}
-
-void attend_query(const float* q, int64_t H, const float* const* keys, int64_t nkeys, int64_t d, const float* sinks,
-                  float* out) {
-  // Scores of all heads against the shared keys, then the softmax with the
-  // sink per head, then the weighted key sum: two gemms (keys are K = V).
-  const float scale = 1.0f / std::sqrt(float(d));
-  // Every score is written by the gemm: kept from query to query, never
-  // cleared.
-  thread_local std::vector<float> s;
-  if (s.size() < size_t(H * nkeys)) s.resize(size_t(H * nkeys));
-  auto gather_keys = [&](int64_t n0, float* panel) {
-    for (int j = 0; j < kGemmNR; ++j) {
-      const float* k = n0 + j < nkeys ? keys[n0 + j] : nullptr;
-      for (int64_t i = 0; i < d; ++i) panel[i * kGemmNR + j] = k ? k[i] : 0.f;
-    }
-  };
-  const PairLoader key_pairs = [&](int64_t n0, uint32_t* pairs, int* min_exponent) {
-    return gathered_rows_pairs(keys, nkeys, d, n0, pairs, min_exponent);
-  };
-  gemm(q, d, H, d, nkeys, gather_keys, GemmOut{s.data(), nkeys, false}, /*parallel=*/false, &key_pairs);
-  for (int64_t h = 0; h < H; ++h) {
-    float* sh = s.data() + h * nkeys;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < nkeys; ++j) mx = std::max(mx, sh[j] *= scale);
-    float denom = 0.f;
-    for (int64_t j = 0; j < nkeys; ++j) denom += (sh[j] = std::exp(sh[j] - mx));
-    denom += std::exp(sinks[h] - mx);
-    for (int64_t j = 0; j < nkeys; ++j) sh[j] /= denom;
-  }
-  // o[h][c] = Σ_j p[h][j] · key_j[c]: B rows are key columns.
-  auto key_columns = [&](int64_t c0, float* panel) {
-    const int64_t nc = std::min<int64_t>(kGemmNR, d - c0);
-    for (int64_t j = 0; j < nkeys; ++j) {
-      float* dst = panel + j * kGemmNR;
-      std::copy(keys[j] + c0, keys[j] + c0 + nc, dst);
-      std::fill(dst + nc, dst + kGemmNR, 0.f);
-    }
-  };
-  gemm(s.data(), nkeys, H, nkeys, d, key_columns, GemmOut{out, d, true}, /*parallel=*/false);
 }
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
@@ -144,23 +84,27 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   // §6.3: the raw kv rows. The window keys of this tile are the older rows
   // read from the ring first, then the tile's own rows; only then does the
   // tile overwrite the ring, so the ring needs just sliding_window slots.
+  // Keys are kept as bf16 pair rows (kernels/sparse_attention.h), with the
+  // smallest exponent of each row.
   const int64_t W = st.window_rows, lo = std::max<int64_t>(0, p0 - W + 1), n_old = p0 - lo;
-  std::vector<float> win(size_t((n_old + n) * d));
-  for (int64_t j = 0; j < n_old; ++j) {
-    const uint16_t* src = st.window.row_bf16((lo + j) % W);
-    for (int64_t k = 0; k < d; ++k) win[size_t(j * d + k)] = bf16_to_f32(src[k]);
-  }
-  float* kv = win.data() + n_old * d;
-  linear(w.wkv, x, n, kv, qopts);
+  const int64_t dp = key_pair_count(d);
+  std::vector<uint32_t> win(size_t((n_old + n) * dp));
+  std::vector<int> win_exp(size_t(n_old + n));
+  parallel_for_each(n_old, [&](int64_t j) {
+    win_exp[size_t(j)] = pack_key_row(st.window.row_bf16((lo + j) % W), d, win.data() + j * dp);
+  });
+  std::vector<float> kv(size_t(n * d));
+  linear(w.wkv, x, n, kv.data(), qopts);
   parallel_for_each(n, [&](int64_t i) {
-    float* r = kv + i * d;
+    float* r = kv.data() + i * d;
     rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
     rope.rotate(r + nd, cs.data() + i * rd);
     q8_inplace(r, size_t(nd), 64, c.scale_pow2);
+    win_exp[size_t(n_old + i)] = pack_key_row(r, d, win.data() + (n_old + i) * dp);
   });
   for (int64_t i = std::max<int64_t>(0, n - W); i < n; ++i) {
     uint16_t* dst = st.window.row_bf16((p0 + i) % W);
-    for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[i * d + k]);
+    for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[size_t(i * d + k)]);
   }
 
   // §7: compressed rows completed inside this tile.
@@ -188,12 +132,18 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   }
 
   stage.emplace(Stage::kAttention);
-  // The compressed (and indexer) rows visible to the tile's last query, fp32.
-  std::vector<float> comp_rows, idx_rows;
+  // The compressed rows visible to the tile's last query as key pair rows,
+  // and the indexer's rows in fp32.
+  std::vector<uint32_t> comp;
+  std::vector<int> comp_exp;
+  std::vector<float> idx_rows;
   if (ratio != 0) {
     const int64_t vis = (p0 + n) / ratio;
-    comp_rows.resize(size_t(vis * d));
-    st.comp.read_rows(vis, int(d), comp_rows.data());
+    comp.resize(size_t(vis * dp));
+    comp_exp.resize(size_t(vis));
+    parallel_for_each(vis, [&](int64_t r) {
+      comp_exp[size_t(r)] = pack_key_row(st.comp.rows.row_bf16(r), d, comp.data() + r * dp);
+    });
     if (ratio == 4) {
       idx_rows.resize(size_t(vis * di));
       st.idx_comp.read_rows(vis, int(di), idx_rows.data());
@@ -204,20 +154,28 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   std::vector<float> o(size_t(n * H * d));
   parallel_for_each(n, [&](int64_t i) {
     const int64_t t = p0 + i;
-    std::vector<const float*> keys;
-    for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) keys.push_back(win.data() + (j - lo) * d);
+    std::vector<const uint32_t*> keys;
+    int key_exp = 255;
+    for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) {
+      keys.push_back(win.data() + (j - lo) * dp);
+      key_exp = std::min(key_exp, win_exp[size_t(j - lo)]);
+    }
+    auto add_compressed = [&](int64_t r) {
+      keys.push_back(comp.data() + r * dp);
+      key_exp = std::min(key_exp, comp_exp[size_t(r)]);
+    };
     if (ratio != 0) {
       const int64_t visible = (t + 1) / ratio;
       if (ratio == 4) {
         std::vector<int32_t> chosen;
         indexer_select(qi.data() + i * Hi * di, wts.data() + i * Hi, idx_rows.data(), visible, int(Hi),
                        int(di), c.index_topk, &chosen);
-        for (int32_t r : chosen) keys.push_back(comp_rows.data() + int64_t(r) * d);
+        for (int32_t r : chosen) add_compressed(r);
       } else {
-        for (int64_t r = 0; r < visible; ++r) keys.push_back(comp_rows.data() + r * d);
+        for (int64_t r = 0; r < visible; ++r) add_compressed(r);
       }
     }
-    attend_query(q.data() + i * H * d, H, keys.data(), int64_t(keys.size()), d, w.attn_sink.data(),
+    attend_query(q.data() + i * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(),
                  o.data() + i * H * d);
     for (int64_t h = 0; h < H; ++h) rope.rotate(o.data() + (i * H + h) * d + nd, cs.data() + i * rd, /*inverse=*/true);
   });

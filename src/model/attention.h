@@ -39,13 +39,4 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
 void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
                     int topk, std::vector<int32_t>* chosen);
 
-// Sparse attention with sink for all H heads of one query q [H][d] over the
-// same keys: out [H][d] (bf16). Runs on gemm (one FMA chain per score and
-// per output, ascending index); attend_head is its per-head reference.
-void attend_query(const float* q, int64_t H, const float* const* keys, int64_t nkeys, int64_t d, const float* sinks,
-                  float* out);
-
-// Sparse attention with sink for one head: keys[j] rows of width d (K = V).
-void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out);
-
 }  // namespace dsv4
