@@ -43,6 +43,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/sparse_attention.h"
+#include "kernels/swiglu.h"
 #include "kernels/topk.h"
 #include "model/attention.h"
 #include "model/compressor.h"
@@ -1905,6 +1906,43 @@ TEST(StageMoe, ExpertSwiGluWithClamp) {
     EXPECT_GT(stats.u_hi, 5);
     EXPECT_GT(stats.u_lo, 5);
   }
+}
+
+// The vectorised SwiGLU against its one-element definition, bit for bit:
+// values on both sides of the limit, exp over- and underflowing (|g| up to
+// 200), NaN, infinities and signed zeros, with and without the limit and
+// the routing weight, and lengths with a scalar tail.
+TEST(StageMoe, SwigluEqualsDefinitionBitwise) {
+  Rng rng(977);
+  const float specials[] = {0.f, -0.f, kInfF, -kInfF, kNaN, 10.f, -10.f, 10.000001f, 88.f, -88.f, 104.f, -104.f};
+  for (int64_t n : {1, 8, 13, 1003}) {
+    std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      g[size_t(i)] = float(rng.uniform(-200, 200) * (i % 3 == 0 ? 0.05 : 1));
+      u[size_t(i)] = float(rng.uniform(-30, 30));
+    }
+    for (size_t i = 0; i < std::size(specials) && i < size_t(n); ++i) {
+      g[i] = specials[i];
+      u[(i * 5) % size_t(n)] = specials[(i + 3) % std::size(specials)];
+    }
+    for (float limit : {10.f, 0.f})
+      for (float weight : {1.f, 0.37f}) {
+        std::vector<float> ref(static_cast<size_t>(n)), fast(static_cast<size_t>(n));
+        dsv4::swiglu_bf16_reference(g.data(), u.data(), n, limit, weight, ref.data());
+        dsv4::swiglu_bf16(g.data(), u.data(), n, limit, weight, fast.data());
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(to_bits(fast[size_t(i)]), to_bits(ref[size_t(i)]))
+              << "n " << n << " limit " << limit << " weight " << weight << " g " << fmt(g[size_t(i)]) << " u "
+              << fmt(u[size_t(i)]);
+      }
+  }
+  // In place (h = g), as the experts call it.
+  std::vector<float> g = {1.f, -3.f, 12.f}, u = {2.f, 0.5f, 20.f}, ref(3);
+  dsv4::swiglu_bf16_reference(g.data(), u.data(), 3, 10.f, 1.f, ref.data());
+  dsv4::swiglu_bf16(g.data(), u.data(), 3, 10.f, 1.f, g.data());
+  EXPECT_EQ(g, ref);
+  EXPECT_TRUE(NearBf16(ref[0], 2.0 / (1.0 + std::exp(-1.0))));
+  EXPECT_TRUE(NearBf16(ref[2], 10.0 * 10.0 / (1.0 + std::exp(-10.0))));  // both clamped to 10
 }
 
 TEST(StageMoe, ForwardSumsRoutedInIdOrderPlusShared) {

@@ -29,24 +29,29 @@ constexpr float kMin = -104.f, kMax = 89.f;
 constexpr float kC[7] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f};
 }  // namespace exp_f32_constants
 
+// Branch-free (selects, not jumps), so that a loop of it vectorises.
 inline float exp_f32(float x) {
   namespace k = exp_f32_constants;
-  if (x != x) return x;
-  const float c = std::fmin(std::fmax(x, k::kMin), k::kMax);
+  float c = x < k::kMin ? k::kMin : x;
+  c = c > k::kMax ? k::kMax : c;
+  c = c == c ? c : 0.f;  // NaN: any finite value, the result is x below
   const float n = std::nearbyint(c * k::kLog2e);
   float r = std::fma(-n, k::kLn2Hi, c);
   r = std::fma(-n, k::kLn2Lo, r);
-  float p = k::kC[0];
-  for (int i = 1; i < 7; ++i) p = std::fma(p, r, k::kC[i]);
+  float p = std::fma(k::kC[0], r, k::kC[1]);  // written out: a loop here kept the caller's loop scalar
+  p = std::fma(p, r, k::kC[2]);
+  p = std::fma(p, r, k::kC[3]);
+  p = std::fma(p, r, k::kC[4]);
+  p = std::fma(p, r, k::kC[5]);
+  p = std::fma(p, r, k::kC[6]);
   p = std::fma(p, r, 1.f);
-  const int ni = int(n), n1 = ni >> 1, n2 = ni - n1;
-  auto pow2 = [](int e) {
-    const uint32_t b = uint32_t(e + 127) << 23;
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
-  return (p * pow2(n1)) * pow2(n2);
+  const int32_t ni = int32_t(n), n1 = ni >> 1, n2 = ni - n1;
+  const uint32_t b1 = uint32_t(n1 + 127) << 23, b2 = uint32_t(n2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, 4);
+  std::memcpy(&s2, &b2, 4);
+  const float y = (p * s1) * s2;
+  return x == x ? y : x;
 }
 
 }  // namespace dsv4

@@ -8,6 +8,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/linear_avx512.h"
@@ -367,11 +368,11 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   if (ldx < 0) ldx = w.in;
   if (ldy < 0) ldy = row_end - row_begin;
   const int64_t K = w.in;
-  std::vector<float> xq;
   if (opts.act_quant) {
-    xq.resize(size_t(M * K));
-    act_quant_rows(x, M, K, ldx, opts, xq.data());
-    x = xq.data();
+    thread_local std::vector<float> xq_buf;
+    float* xq = scratch(xq_buf, size_t(M * K));
+    act_quant_rows(x, M, K, ldx, opts, xq);
+    x = xq;
     ldx = K;
   }
   // Panels of 16 weight rows are dequantised on the fly; gemm fixes the

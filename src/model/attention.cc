@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/hadamard.h"
@@ -44,18 +45,20 @@ void indexer_select(const float* qi, const float* wts, const float* idx_rows, in
                     int topk, std::vector<int32_t>* chosen) {
   // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
   // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
-  std::vector<float> dots(size_t(int64_t(Hi) * n_visible)), score(static_cast<size_t>(n_visible));
+  thread_local std::vector<float> dots_buf, score_buf;
+  float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
+  float* const score = scratch(score_buf, size_t(n_visible));
   if (n_visible > 0) {
     const PairLoader row_pairs = dense_rows_pair_loader(idx_rows, di, n_visible, di);
     gemm(qi, di, Hi, di, n_visible, dense_rows_loader(idx_rows, di, n_visible, di),
-         GemmOut{dots.data(), n_visible, true}, /*parallel=*/false, &row_pairs);
+         GemmOut{dots, n_visible, true}, /*parallel=*/false, &row_pairs);
   }
   for (int64_t r = 0; r < n_visible; ++r) {
     float sum = 0.f;
-    for (int h = 0; h < Hi; ++h) sum += bf16r(std::max(dots[size_t(h * n_visible + r)], 0.f) * wts[h]);
-    score[size_t(r)] = bf16r(sum);
+    for (int h = 0; h < Hi; ++h) sum += bf16r(std::max(dots[h * n_visible + r], 0.f) * wts[h]);
+    score[r] = bf16r(sum);
   }
-  topk_indices(score.data(), n_visible, topk, chosen);
+  topk_indices(score, n_visible, topk, chosen);
   std::sort(chosen->begin(), chosen->end());
 }
 
@@ -71,12 +74,17 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
 
   // §6.1–6.2: q.
   std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
-  std::vector<float> qr(size_t(n * ql)), q(size_t(n * H * d));
-  linear(w.wq_a, x, n, qr.data(), qopts);
-  rms_norm_rows_bf16(qr.data(), n, w.q_norm.data(), ql, c.rms_norm_eps, qr.data());
-  linear(w.wq_b, qr.data(), n, q.data(), qopts);
+  // The tile's activations (16 MB for q alone at 128 Flash rows) in
+  // buffers kept from call to call (core/scratch.h).
+  thread_local std::vector<float> qr_buf, q_buf, kv_buf, qi_buf, wts_buf, idx_buf, o_buf, u_buf;
+  thread_local std::vector<uint32_t> win_buf, comp_buf;
+  float* const qr = scratch(qr_buf, size_t(n * ql));
+  float* const q = scratch(q_buf, size_t(n * H * d));
+  linear(w.wq_a, x, n, qr, qopts);
+  rms_norm_rows_bf16(qr, n, w.q_norm.data(), ql, c.rms_norm_eps, qr);
+  linear(w.wq_b, qr, n, q, qopts);
   parallel_for_each(n * H, [&](int64_t ih) {
-    float* qh = q.data() + ih * d;
+    float* qh = q + ih * d;
     q_head_norm_bf16(qh, d, c.rms_norm_eps);
     rope.rotate(qh + nd, cs.data() + (ih / H) * rd);
   });
@@ -88,19 +96,19 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   // smallest exponent of each row.
   const int64_t W = st.window_rows, lo = std::max<int64_t>(0, p0 - W + 1), n_old = p0 - lo;
   const int64_t dp = key_pair_count(d);
-  std::vector<uint32_t> win(size_t((n_old + n) * dp));
+  uint32_t* const win = scratch(win_buf, size_t((n_old + n) * dp));
   std::vector<int> win_exp(size_t(n_old + n));
   parallel_for_each(n_old, [&](int64_t j) {
-    win_exp[size_t(j)] = pack_key_row(st.window.row_bf16((lo + j) % W), d, win.data() + j * dp);
+    win_exp[size_t(j)] = pack_key_row(st.window.row_bf16((lo + j) % W), d, win + j * dp);
   });
-  std::vector<float> kv(size_t(n * d));
-  linear(w.wkv, x, n, kv.data(), qopts);
+  float* const kv = scratch(kv_buf, size_t(n * d));
+  linear(w.wkv, x, n, kv, qopts);
   parallel_for_each(n, [&](int64_t i) {
-    float* r = kv.data() + i * d;
+    float* r = kv + i * d;
     rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
     rope.rotate(r + nd, cs.data() + i * rd);
     q8_inplace(r, size_t(nd), 64, c.scale_pow2);
-    win_exp[size_t(n_old + i)] = pack_key_row(r, d, win.data() + (n_old + i) * dp);
+    win_exp[size_t(n_old + i)] = pack_key_row(r, d, win + (n_old + i) * dp);
   });
   for (int64_t i = std::max<int64_t>(0, n - W); i < n; ++i) {
     uint16_t* dst = st.window.row_bf16((p0 + i) % W);
@@ -113,82 +121,82 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
 
   // §8: indexer queries and weights.
   const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
-  std::vector<float> qi, wts;
+  float *qi = nullptr, *wts = nullptr;
   if (ratio == 4) {
     compressor_forward(w.idx_compressor, c, rope, x, p0, n, st.idx_comp);
     stage.emplace(Stage::kIndexer);
-    qi.resize(size_t(n * Hi * di));
-    linear(w.idx_wq_b, qr.data(), n, qi.data(), qopts);
+    qi = scratch(qi_buf, size_t(n * Hi * di));
+    linear(w.idx_wq_b, qr, n, qi, qopts);
     parallel_for_each(n * Hi, [&](int64_t ih) {
-      float* qh = qi.data() + ih * di;
+      float* qh = qi + ih * di;
       rope.rotate(qh + di - rd, cs.data() + (ih / Hi) * rd);
       hadamard_bf16(qh, di);
       q4_inplace(qh, size_t(di), 32);
     });
-    wts.resize(size_t(n * Hi));
-    linear(w.idx_weights_proj, x, n, wts.data(), LinearOpts{});
+    wts = scratch(wts_buf, size_t(n * Hi));
+    linear(w.idx_weights_proj, x, n, wts, LinearOpts{});
     const float k = bf16r(float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
-    for (float& v : wts) v = bf16r(v * k);
+    for (int64_t j = 0; j < n * Hi; ++j) wts[j] = bf16r(wts[j] * k);
   }
 
   stage.emplace(Stage::kAttention);
   // The compressed rows visible to the tile's last query as key pair rows,
   // and the indexer's rows in fp32.
-  std::vector<uint32_t> comp;
+  uint32_t* comp = nullptr;
   std::vector<int> comp_exp;
-  std::vector<float> idx_rows;
+  float* idx_rows = nullptr;
   if (ratio != 0) {
     const int64_t vis = (p0 + n) / ratio;
-    comp.resize(size_t(vis * dp));
+    comp = scratch(comp_buf, size_t(vis * dp));
     comp_exp.resize(size_t(vis));
     parallel_for_each(vis, [&](int64_t r) {
-      comp_exp[size_t(r)] = pack_key_row(st.comp.rows.row_bf16(r), d, comp.data() + r * dp);
+      comp_exp[size_t(r)] = pack_key_row(st.comp.rows.row_bf16(r), d, comp + r * dp);
     });
     if (ratio == 4) {
-      idx_rows.resize(size_t(vis * di));
-      st.idx_comp.read_rows(vis, int(di), idx_rows.data());
+      idx_rows = scratch(idx_buf, size_t(vis * di));
+      st.idx_comp.read_rows(vis, int(di), idx_rows);
     }
   }
 
   // §6.4–6.6: attention per query token, all heads.
-  std::vector<float> o(size_t(n * H * d));
+  float* const o = scratch(o_buf, size_t(n * H * d));
   parallel_for_each(n, [&](int64_t i) {
     const int64_t t = p0 + i;
     std::vector<const uint32_t*> keys;
     int key_exp = 255;
     for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) {
-      keys.push_back(win.data() + (j - lo) * dp);
+      keys.push_back(win + (j - lo) * dp);
       key_exp = std::min(key_exp, win_exp[size_t(j - lo)]);
     }
     auto add_compressed = [&](int64_t r) {
-      keys.push_back(comp.data() + r * dp);
+      keys.push_back(comp + r * dp);
       key_exp = std::min(key_exp, comp_exp[size_t(r)]);
     };
     if (ratio != 0) {
       const int64_t visible = (t + 1) / ratio;
       if (ratio == 4) {
         std::vector<int32_t> chosen;
-        indexer_select(qi.data() + i * Hi * di, wts.data() + i * Hi, idx_rows.data(), visible, int(Hi),
+        indexer_select(qi + i * Hi * di, wts + i * Hi, idx_rows, visible, int(Hi),
                        int(di), c.index_topk, &chosen);
         for (int32_t r : chosen) add_compressed(r);
       } else {
         for (int64_t r = 0; r < visible; ++r) add_compressed(r);
       }
     }
-    attend_query(q.data() + i * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(),
-                 o.data() + i * H * d);
-    for (int64_t h = 0; h < H; ++h) rope.rotate(o.data() + (i * H + h) * d + nd, cs.data() + i * rd, /*inverse=*/true);
+    attend_query(q + i * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(),
+                 o + i * H * d);
+    for (int64_t h = 0; h < H; ++h) rope.rotate(o + (i * H + h) * d + nd, cs.data() + i * rd, /*inverse=*/true);
   });
 
   stage.emplace(Stage::kProjections);
   // §6.7: grouped low-rank output. wo_a's FP8 values are exact in bf16, so
   // the bf16 product is the FP8 weight without activation quantisation.
   const int64_t gw = H * d / G;
-  std::vector<float> u(size_t(n * G * ol));
+  float* const u = scratch(u_buf, size_t(n * G * ol));
   LinearOpts bf16_out;
   for (int64_t g = 0; g < G; ++g)
-    linear(w.wo_a, o.data() + g * gw, n, u.data() + g * ol, bf16_out, g * ol, (g + 1) * ol, H * d, G * ol);
-  linear(w.wo_b, u.data(), n, out, qopts);
+    linear(w.wo_a, o + g * gw, n, u + g * ol, bf16_out, g * ol, (g + 1) * ol, H * d, G * ol);
+  linear(w.wo_b, u, n, out, qopts);
 }
 
 }  // namespace dsv4

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "kernels/hadamard.h"
 #include "kernels/norm.h"
 
@@ -80,19 +81,21 @@ void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const
 void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
                         int64_t p0, int64_t n, CompressorState& st) {
   const int r = w.ratio, hd = w.head_dim, slots = w.coff * r, width = w.coff * hd;
-  std::vector<float> A(size_t(n * width)), G(size_t(n * width));
+  thread_local std::vector<float> a_buf, g_buf;
+  float* const A = scratch(a_buf, size_t(n * width));
+  float* const G = scratch(g_buf, size_t(n * width));
   LinearOpts fp32_out;
   fp32_out.out_bf16 = false;
-  linear(w.wkv, x, n, A.data(), fp32_out);
-  linear(w.wgate, x, n, G.data(), fp32_out);
+  linear(w.wkv, x, n, A, fp32_out);
+  linear(w.wgate, x, n, G, fp32_out);
   std::vector<float> row(static_cast<size_t>(hd));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = p0 + i;
     float* slot = st.ring.row_f32(t % slots);
     const float* ape = w.ape.data() + (t % r) * width;
     for (int k = 0; k < width; ++k) {
-      slot[k] = A[size_t(i * width + k)];
-      slot[width + k] = G[size_t(i * width + k)] + ape[k];
+      slot[k] = A[i * width + k];
+      slot[width + k] = G[i * width + k] + ape[k];
     }
     if ((t + 1) % r == 0) {
       const int64_t ci = (t + 1) / r - 1;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/dot.h"
 
@@ -114,14 +115,15 @@ void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix
     float* x = X + t * hc * D;
     const float* post = mix.post.data() + t * hc;
     const float* C = mix.comb.data() + t * hc * hc;
-    std::vector<float> out(size_t(hc * D));
+    thread_local std::vector<float> out_buf;
+    float* const out = scratch(out_buf, size_t(hc * D));
     for (int k = 0; k < hc; ++k) {
-      float* o = out.data() + k * D;
+      float* o = out + k * D;
       stream_sum(x, C + k, hc, hc, D, o);  // Σ_j C[j][k]·X[j]
       for (int64_t c = 0; c < D; ++c) o[c] = post[k] * f[t * D + c] + o[c];
     }
-    bf16r_inplace(out.data(), out.size());
-    std::copy(out.begin(), out.end(), x);
+    bf16r_inplace(out, size_t(hc * D));
+    std::copy(out, out + hc * D, x);
   });
 }
 

@@ -7,7 +7,9 @@
 #include <cmath>
 
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "core/thread_pool.h"
+#include "kernels/swiglu.h"
 #include "kernels/topk.h"
 
 namespace dsv4 {
@@ -15,17 +17,18 @@ namespace dsv4 {
 Routing moe_route(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
                   int64_t n) {
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
-  std::vector<float> logits(size_t(n * E));
+  thread_local std::vector<float> logits_buf;
+  float* const logits = scratch(logits_buf, size_t(n * E));
   LinearOpts fp32_out;
   fp32_out.out_bf16 = false;
-  linear(w.gate, x, n, logits.data(), fp32_out);
+  linear(w.gate, x, n, logits, fp32_out);
   Routing r;
   r.expert.resize(size_t(n * k));
   r.weight.resize(size_t(n * k));
   std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
   std::vector<int32_t> idx;
   for (int64_t t = 0; t < n; ++t) {
-    const float* l = logits.data() + t * E;
+    const float* l = logits + t * E;
     switch (c.scoring_func) {
       case ScoringFunc::kSqrtSoftplus:
         for (int64_t e = 0; e < E; ++e) s[e] = std::sqrt(l[e] > 20.f ? l[e] : std::log1p(std::exp(l[e])));
@@ -66,26 +69,19 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
   const int64_t I = c.moe_intermediate_size;
   const LinearOpts q = quant_linear_opts(c.weight_block_size, c.scale_pow2);
   // w1 and w3 read the same FP8-quantised rows: quantised once.
-  std::vector<float> xq(size_t(m * c.hidden_size)), g(size_t(m * I)), u(size_t(m * I));
-  act_quant_rows(x, m, c.hidden_size, c.hidden_size, q, xq.data());
+  thread_local std::vector<float> xq_buf, g_buf, u_buf;
+  float* const xq = scratch(xq_buf, size_t(m * c.hidden_size));
+  float* const g = scratch(g_buf, size_t(m * I));
+  float* const u = scratch(u_buf, size_t(m * I));
+  act_quant_rows(x, m, c.hidden_size, c.hidden_size, q, xq);
   LinearOpts q_in = q;
   q_in.act_quant = false;
-  linear(e.w1, xq.data(), m, g.data(), q_in);
-  linear(e.w3, xq.data(), m, u.data(), q_in);
-  const float L = c.swiglu_limit;
+  linear(e.w1, xq, m, g, q_in);
+  linear(e.w3, xq, m, u, q_in);
   parallel_for_each(m, [&](int64_t r) {
-    for (int64_t i = 0; i < I; ++i) {
-      float gv = g[size_t(r * I + i)], uv = u[size_t(r * I + i)];
-      if (L > 0) {
-        uv = std::clamp(uv, -L, L);
-        gv = std::min(gv, L);
-      }
-      float h = gv / (1.0f + std::exp(-gv)) * uv;
-      if (row_weight) h *= row_weight[r];
-      g[size_t(r * I + i)] = bf16r(h);
-    }
+    swiglu_bf16(g + r * I, u + r * I, I, c.swiglu_limit, row_weight ? row_weight[r] : 1.f, g + r * I);
   });
-  linear(e.w2, g.data(), m, y, q);
+  linear(e.w2, g, m, y, q);
 }
 
 void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* const* x_rows, const int32_t* expert,
@@ -107,16 +103,16 @@ void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* c
     const int64_t e = order[size_t(i)];
     const auto& pairs = pairs_of[size_t(e)];
     const int64_t m = int64_t(pairs.size());
-    thread_local std::vector<float> xe, we, ye;
-    xe.resize(size_t(m * D));
-    we.resize(static_cast<size_t>(m));
-    ye.resize(size_t(m * D));
+    thread_local std::vector<float> xe_buf, we_buf, ye_buf;
+    float* const xe = scratch(xe_buf, size_t(m * D));
+    float* const we = scratch(we_buf, size_t(m));
+    float* const ye = scratch(ye_buf, size_t(m * D));
     for (int64_t r = 0; r < m; ++r) {
-      std::copy(x_rows[pairs[size_t(r)]], x_rows[pairs[size_t(r)]] + D, xe.begin() + r * D);
-      we[size_t(r)] = weight[pairs[size_t(r)]];
+      std::copy(x_rows[pairs[size_t(r)]], x_rows[pairs[size_t(r)]] + D, xe + r * D);
+      we[r] = weight[pairs[size_t(r)]];
     }
-    expert_forward(w.experts[size_t(e)], c, xe.data(), m, we.data(), ye.data());
-    for (int64_t r = 0; r < m; ++r) std::copy(ye.begin() + r * D, ye.begin() + (r + 1) * D, y + pairs[size_t(r)] * D);
+    expert_forward(w.experts[size_t(e)], c, xe, m, we, ye);
+    for (int64_t r = 0; r < m; ++r) std::copy(ye + r * D, ye + (r + 1) * D, y + pairs[size_t(r)] * D);
   });
 }
 
@@ -140,13 +136,14 @@ void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const flo
     run_experts_local(w, c, rows.data(), r.expert.data(), r.weight.data(), n * k, y_routed.data());
   }
   if (n == 0) return;
-  std::vector<float> ys(size_t(n * D));
-  expert_forward(w.shared, c, x, n, nullptr, ys.data());
+  thread_local std::vector<float> ys_buf;
+  float* const ys = dsv4::scratch(ys_buf, size_t(n * D));
+  expert_forward(w.shared, c, x, n, nullptr, ys);
   parallel_for_each(n, [&](int64_t t) {
     for (int64_t ch = 0; ch < D; ++ch) {
       float s = 0.f;
       for (int64_t j = 0; j < k; ++j) s += y_routed[size_t((t * k + j) * D + ch)];
-      out[t * D + ch] = bf16r(s + ys[size_t(t * D + ch)]);
+      out[t * D + ch] = bf16r(s + ys[t * D + ch]);
     }
   });
 }
