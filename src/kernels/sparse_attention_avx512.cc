@@ -46,8 +46,9 @@ __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   const __m512i ni = _mm512_cvtps_epi32(n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
   const __m512i bias = _mm512_set1_epi32(127);
-  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23))),
-                                 _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23)));
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
+  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  // NaN stays NaN
 }
 
@@ -115,7 +116,7 @@ void scores_dot(const uint32_t* const* keys, int64_t dp, const uint32_t* qp, int
 }
 #endif
 
-// Runs tile<R, NG> over `rows` < = kScoreRows keys, dispatching the row count.
+// Runs Tile<R, NG> for `rows` ≤ kScoreRows keys, dispatching the row count.
 template <int NG, template <int, int> class Tile, int R = kScoreRows, class... Args>
 void score_rows(int rows, Args... args) {
   if constexpr (R > 1) {
@@ -172,7 +173,9 @@ void weighted_sum_tile(const uint32_t* const* keys, int64_t nkeys, const float* 
   const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
   const __mmask16 m_lo = ncols >= 16 ? __mmask16(0xffff) : __mmask16((1u << ncols) - 1);
-  const __mmask16 m_hi = ncols >= 32 ? __mmask16(0xffff) : ncols <= 16 ? __mmask16(0) : __mmask16((1u << (ncols - 16)) - 1);
+  const __mmask16 m_hi = ncols >= 32   ? __mmask16(0xffff)
+                         : ncols <= 16 ? __mmask16(0)
+                                       : __mmask16((1u << (ncols - 16)) - 1);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_mask_storeu_ps(o + r * ldo, m_lo, _mm512_permutex2var_ps(even[r], lo_idx, odd[r]));
