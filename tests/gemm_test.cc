@@ -167,7 +167,7 @@ void expect_pair_panels(const Weight& w, Expected expected, const std::string& w
   }
 }
 
-// Rows given by pointers (attention's keys) and row-major rows (the
+// Rows given by pointers and row-major rows (the
 // indexer's) straight to pairs, against the pairs and exponent bound taken
 // from the values one by one: every K tail (masked loads; each row its own
 // allocation, so a read past K shows under ASan), partial panels, and

@@ -191,8 +191,10 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
             if (k0 == 0) dot_panels += pairs[g];
           }
 #endif
-          if (!pairs[g] && !loaded[g]) load((p0 + g) * NR, b);
-          loaded[g] = loaded[g] || !pairs[g];
+          if (!pairs[g] && !loaded[g]) {
+            load((p0 + g) * NR, b);
+            loaded[g] = true;
+          }
         }
       };
       // Micro-tiles of rows [m0, m0 + mc) over the k block at k0, the

@@ -107,9 +107,10 @@ void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_
   float den = 0.f;
   for (int64_t j = 0; j < nkeys; ++j) den += (s[size_t(j)] = exp_f32(s[size_t(j)] - mx));
   den += exp_f32(sink - mx);
+  for (float& p : s) p /= den;
   for (int64_t c = 0; c < d; ++c) {
     float acc = 0.f;
-    for (int64_t j = 0; j < nkeys; ++j) acc = std::fma(s[size_t(j)] / den, keys[j][c], acc);
+    for (int64_t j = 0; j < nkeys; ++j) acc = std::fma(s[size_t(j)], keys[j][c], acc);
     out[c] = bf16r(acc);
   }
 }

@@ -13,12 +13,13 @@ namespace dsv4 {
 
 namespace {
 
+// h before its rounding to bf16.
 float swiglu_one(float g, float u, float limit, float weight) {
   if (limit > 0) {
     u = std::clamp(u, -limit, limit);
     g = std::min(g, limit);
   }
-  return bf16r(g / (1.0f + exp_f32(-g)) * u * weight);
+  return g / (1.0f + exp_f32(-g)) * u * weight;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -41,23 +42,12 @@ __m256 exp8(__m256 x) {
   const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN stays NaN
 }
-
-// bf16r of 8 lanes (core/formats.h's rounding, NaN made quiet).
-__m256 bf16r8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v), hi = _mm256_set1_epi32(int(0xffff0000u));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), hi);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(u, hi), _mm256_set1_epi32(0x00400000));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, quiet, nan));
-}
 #endif
 
 }  // namespace
 
 void swiglu_bf16_reference(const float* g, const float* u, int64_t n, float limit, float weight, float* h) {
-  for (int64_t i = 0; i < n; ++i) h[i] = swiglu_one(g[i], u[i], limit, weight);
+  for (int64_t i = 0; i < n; ++i) h[i] = bf16r(swiglu_one(g[i], u[i], limit, weight));
 }
 
 void swiglu_bf16(const float* g, const float* u, int64_t n, float limit, float weight, float* h) {
@@ -75,10 +65,11 @@ void swiglu_bf16(const float* g, const float* u, int64_t n, float limit, float w
       gv = _mm256_min_ps(L, gv);
     }
     const __m256 e = exp8(_mm256_xor_ps(gv, sign));
-    _mm256_storeu_ps(h + i, bf16r8(_mm256_mul_ps(_mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv), w)));
+    _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv), w));
   }
 #endif
   for (; i < n; ++i) h[i] = swiglu_one(g[i], u[i], limit, weight);
+  bf16r_inplace(h, size_t(n));  // equal to bf16r element by element (test BF16.RoundInplaceEqualsBf16r)
 }
 
 }  // namespace dsv4
