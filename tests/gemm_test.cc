@@ -56,9 +56,8 @@ TEST(Gemm, FastEqualsReferenceBitwise) {
 // activations times power-of-two scales) and BF16 weights are: the BF16
 // dot-product kernel (Isa::kAvx512Bf16) takes them and must still give the
 // reference's bits. Odd K (a padded last pair), K over one k block, row and
-// panel tails; with a pair loader too (decoding k block by k block where M
-// is one row chunk), and with one inexact B value in a later k block, which
-// sends only that block of its panel to the fp32 kernel.
+// panel tails; with a pair loader too, and with one inexact B value, which
+// sends its panel to the fp32 kernel.
 TEST(Gemm, Bf16OperandsEqualReferenceBitwise) {
   const Isa best = kernel_isa();
   std::mt19937 rng(7);
@@ -127,43 +126,32 @@ TEST(Gemm, Bf16KernelOnlyWhereNothingIsFlushed) {
 // Weight::dequant_panel_pairs against the reference panel, every panel of w:
 // the same values as bf16 pairs (k in the high half, k + 1 in the low one)
 // and a lower bound of their exponents where it takes a panel; whether it
-// takes panel o0 is expected(o0). A panel taken whole is also taken in two
-// k blocks split at `split` (as gemm asks for it when M is small), each the
-// same slice.
+// takes panel o0 is expected(o0).
 template <class Expected>
-void expect_pair_panels(const Weight& w, Expected expected, const std::string& what, int64_t split) {
-  std::vector<std::array<int64_t, 2>> ranges = {{0, w.in}};
-  if (split < w.in) ranges.insert(ranges.end(), {{0, split}, {split, w.in}});
+void expect_pair_panels(const Weight& w, Expected expected, const std::string& what) {
   for (int64_t o0 = 0; o0 < w.out; o0 += kGemmNR) {
     std::vector<float> ref(size_t(w.in * kGemmNR));
+    std::vector<uint32_t> pairs(size_t(w.in / 2 * kGemmNR), 0xdeadbeef);
     w.dequant_panel_reference(o0, w.out, ref.data());
-    for (auto [k0, k1] : ranges) {
-      std::vector<uint32_t> pairs(size_t((k1 - k0) / 2 * kGemmNR), 0xdeadbeef);
-      int min_exp = -1;
-      const bool taken = w.dequant_panel_pairs(o0, w.out, k0, k1, pairs.data(), &min_exp);
-      const std::string at = what + " o0 " + std::to_string(o0) + " k0 " + std::to_string(k0);
-      if (k1 - k0 == w.in) {
-        EXPECT_EQ(taken, expected(o0)) << at;
-      } else if (expected(o0)) {
-        EXPECT_TRUE(taken) << at;
-      }
-      if (!taken) continue;
-      for (int64_t k = k0; k < k1; k += 2)
-        for (int j = 0; j < kGemmNR; ++j) {
-          uint32_t x, y;
-          std::memcpy(&x, &ref[size_t(k * kGemmNR + j)], 4);
-          std::memcpy(&y, &ref[size_t((k + 1) * kGemmNR + j)], 4);
-          ASSERT_EQ(x & 0xffffu, 0u);  // the reference values are bf16 values
-          ASSERT_EQ(y & 0xffffu, 0u);
-          ASSERT_EQ(pairs[size_t((k - k0) / 2 * kGemmNR + j)], (x & 0xffff0000u) | (y >> 16))
-              << at << " k " << k << " j " << j;
-          for (uint32_t v : {x, y}) {
-            if (v & 0x7fffffffu) {
-              ASSERT_LE(min_exp, int((v >> 23) & 0xff)) << at << ": a lower bound";
-            }
+    int min_exp = -1;
+    const bool taken = w.dequant_panel_pairs(o0, w.out, pairs.data(), &min_exp);
+    EXPECT_EQ(taken, expected(o0)) << what << " o0 " << o0;
+    if (!taken) continue;
+    for (int64_t k = 0; k < w.in; k += 2)
+      for (int j = 0; j < kGemmNR; ++j) {
+        uint32_t x, y;
+        std::memcpy(&x, &ref[size_t(k * kGemmNR + j)], 4);
+        std::memcpy(&y, &ref[size_t((k + 1) * kGemmNR + j)], 4);
+        ASSERT_EQ(x & 0xffffu, 0u);  // the reference values are bf16 values
+        ASSERT_EQ(y & 0xffffu, 0u);
+        ASSERT_EQ(pairs[size_t(k / 2 * kGemmNR + j)], (x & 0xffff0000u) | (y >> 16))
+            << what << " o0 " << o0 << " k " << k << " j " << j;
+        for (uint32_t v : {x, y}) {
+          if (v & 0x7fffffffu) {
+            ASSERT_LE(min_exp, int((v >> 23) & 0xff)) << what << ": a lower bound";
           }
         }
-    }
+      }
   }
 }
 
@@ -210,8 +198,8 @@ TEST(Gemm, GatheredRowPairsEqualRowValues) {
           for (int how = 0; how < 2; ++how) {
             std::vector<uint32_t> got(expect.size(), 0xdeadbeef);
             int got_exp = -1;
-            const bool taken = how == 0 ? gathered_rows_pairs(ptrs.data(), N, 0, K, n0, got.data(), &got_exp)
-                                        : dense_pairs(n0, 0, K, got.data(), &got_exp);
+            const bool taken = how == 0 ? gathered_rows_pairs(ptrs.data(), N, K, n0, got.data(), &got_exp)
+                                        : dense_pairs(n0, got.data(), &got_exp);
             ASSERT_EQ(taken, exact) << what << " how " << how;
             if (!taken) continue;
             EXPECT_EQ(got_exp, expect_exp) << what << " how " << how;
@@ -225,7 +213,7 @@ TEST(Gemm, GatheredRowPairsEqualRowValues) {
   std::vector<uint32_t> pairs(kGemmNR);
   int e = 0;
   const float one = 1.f, *row = &one;
-  EXPECT_FALSE(gathered_rows_pairs(&row, 1, 0, 1, 0, pairs.data(), &e)) << "only the BF16 kernel takes pairs";
+  EXPECT_FALSE(gathered_rows_pairs(&row, 1, 1, 0, pairs.data(), &e)) << "only the BF16 kernel takes pairs";
   set_kernel_isa(best);
 }
 
@@ -262,7 +250,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
               }
             return true;
           },
-          "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge), /*split=*/512);
+          "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge));
     }
   }
   for (int block : {128, 16, 40}) {  // FP8: scale codes 10..246 and no NaN code; block 40 is not taken
@@ -296,7 +284,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
               }
             return true;
           },
-          "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge), /*split=*/128);
+          "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge));
     }
   }
   set_kernel_isa(best);

@@ -149,105 +149,79 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   const bool dot = kernel_isa() == Isa::kAvx512Bf16 && pack_a_pairs(A, lda, M, K, parallel, Ap, &a_exp);
   const int64_t KH = (K + 1) / 2;
   static_assert(KC % 2 == 0, "k blocks start on a pair");
-  // Each task: GP panels, dequantised once for all M, then per chunk of MC
-  // rows, per k block, each micro-tile of A against each panel. Where all
-  // of M is one chunk (the experts' ~48 rows), the BF16 kernel's panels are
-  // decoded one k block at a time instead, just before their use: the
-  // task's pairs are then 128 KB instead of 512 KB (K = 4096), and with
-  // A's pairs they no longer overflow a 1 MB L2.
-  const bool k_blocks = dot && M <= MC;
+  // Each task: GP panels (dequantised once, for all M), then per chunk of
+  // MC rows, per k block, each micro-tile of A against each panel.
   auto body = [&](int64_t t0, int64_t t1, int) {
     thread_local std::vector<float> B, C;
     thread_local std::vector<uint32_t> Bp;
     B.resize(size_t(GP * K * NR));
     C.resize(size_t(MC * GP * NR));
-    const int64_t bp_pairs = k_blocks ? std::min(KC, K + 1) / 2 : KH;  // pairs per panel in Bp
-    if (dot) Bp.resize(size_t(GP * bp_pairs * NR));
+    if (dot) Bp.resize(size_t(GP * KH * NR));
     const int64_t ldc = GP * NR;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t p0 = t * GP, np = std::min(GP, panels - p0);
       const int64_t n0 = p0 * NR, nc = std::min(np * NR, N - n0);
       // pairs[g]: panel g runs on the BF16 kernel (from Bp), else on the
-      // fp32 one (from B). loaded[g]: B holds panel g.
-      bool pairs[GP] = {}, loaded[GP] = {};
+      // fp32 one (from B).
+      bool pairs[GP] = {};
       int64_t dot_panels = 0;
-      // Fills Bp (or B) with values [k0, k1) of the task's panels.
-      auto load_panels = [&](int64_t k0, int64_t k1) {
-        for (int64_t g = 0; g < np; ++g) {
-          float* b = B.data() + g * K * NR;
+      for (int64_t g = 0; g < np; ++g) {
+        float* b = B.data() + g * K * NR;
+        bool loaded = false;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-          if (dot) {
-            uint32_t* bp = Bp.data() + g * bp_pairs * NR;
-            int e = 255;
-            // Straight to pairs where the loader can, else through the fp32
-            // panel.
-            bool exact = load_pairs && (*load_pairs)((p0 + g) * NR, k0, k1, bp, &e);
-            if (!exact) {
-              if (!loaded[g]) load((p0 + g) * NR, b);
-              loaded[g] = true;
-              exact = gemm_pack_panel_bf16(b + k0 * NR, k1 - k0, bp, &e);
-            }
-            pairs[g] = exact && a_exp + e >= kDotMinBiasedExponentSum;
-            if (k0 == 0) dot_panels += pairs[g];
-          }
-#endif
-          if (!pairs[g] && !loaded[g]) {
+        if (dot) {
+          uint32_t* bp = Bp.data() + g * KH * NR;
+          int e = 255;
+          // Straight to pairs where the loader can, else through the fp32
+          // panel.
+          bool exact = load_pairs && (*load_pairs)((p0 + g) * NR, bp, &e);
+          if (!exact) {
             load((p0 + g) * NR, b);
-            loaded[g] = true;
+            loaded = true;
+            exact = gemm_pack_panel_bf16(b, K, bp, &e);
           }
+          pairs[g] = exact && a_exp + e >= kDotMinBiasedExponentSum;
+          dot_panels += pairs[g];
         }
-      };
-      // Micro-tiles of rows [m0, m0 + mc) over the k block at k0, the
-      // panels' pairs starting at pair kb of Bp.
-      auto run_block = [&](int64_t m0, int64_t mc, int64_t k0, int64_t kc, int64_t kb) {
-        for (int64_t i = 0; i < mc; i += MR) {
-          const int rows = int(std::min<int64_t>(MR, mc - i));
-          const float* a = A + (m0 + i) * lda + k0;
-          // Panels [g, g + n) on one kernel.
-          auto run = [&](int64_t g, int n) {
-            float* c = C.data() + i * ldc + g * NR;
-#ifdef DSV4_HAVE_AVX512BF16_KERNELS
-            if (pairs[g])
-              return gemm_micro_rows_avx512bf16(rows, n, Ap.data() + (m0 + i) * KH + k0 / 2, KH,
-                                                Bp.data() + (g * bp_pairs + kb) * NR, bp_pairs * NR, (kc + 1) / 2, c,
-                                                ldc, k0 == 0);
 #endif
-            mk.rows(rows, n, a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc, c, ldc, k0 == 0);
-          };
-          for (int64_t g = 0; g < np; g += mk.np) {
-            const int pn = int(std::min<int64_t>(mk.np, np - g));
-            if (pn == 2 && pairs[g] != pairs[g + 1]) {
-              run(g, 1);
-              run(g + 1, 1);
-            } else {
-              run(g, pn);
+        if (!pairs[g] && !loaded) load((p0 + g) * NR, b);
+      }
+      if (dot_panels) g_dot_panels.fetch_add(dot_panels, std::memory_order_relaxed);
+      for (int64_t m0 = 0; m0 < M; m0 += MC) {
+        const int64_t mc = std::min(MC, M - m0);
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+          const int64_t kc = std::min(KC, K - k0);
+          for (int64_t i = 0; i < mc; i += MR) {
+            const int rows = int(std::min<int64_t>(MR, mc - i));
+            const float* a = A + (m0 + i) * lda + k0;
+            // Panels [g, g + n) on one kernel.
+            auto run = [&](int64_t g, int n) {
+              float* c = C.data() + i * ldc + g * NR;
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+              if (pairs[g])
+                return gemm_micro_rows_avx512bf16(rows, n, Ap.data() + (m0 + i) * KH + k0 / 2, KH,
+                                                  Bp.data() + g * KH * NR + (k0 / 2) * NR, KH * NR, (kc + 1) / 2, c,
+                                                  ldc, k0 == 0);
+#endif
+              mk.rows(rows, n, a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc, c, ldc, k0 == 0);
+            };
+            for (int64_t g = 0; g < np; g += mk.np) {
+              const int pn = int(std::min<int64_t>(mk.np, np - g));
+              if (pn == 2 && pairs[g] != pairs[g + 1]) {
+                run(g, 1);
+                run(g + 1, 1);
+              } else {
+                run(g, pn);
+              }
             }
           }
         }
-      };
-      auto store = [&](int64_t m0, int64_t mc) {
         for (int64_t m = 0; m < mc; ++m) {
           float* c = out.c + (m0 + m) * out.ldc + n0;
           std::copy(C.data() + m * ldc, C.data() + m * ldc + nc, c);
           if (out.bf16) bf16r_inplace(c, size_t(nc));
         }
-      };
-      if (k_blocks) {
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-          const int64_t kc = std::min(KC, K - k0);
-          load_panels(k0, k0 + kc);
-          run_block(0, M, k0, kc, 0);
-        }
-        store(0, M);
-      } else {
-        load_panels(0, K);
-        for (int64_t m0 = 0; m0 < M; m0 += MC) {
-          const int64_t mc = std::min(MC, M - m0);
-          for (int64_t k0 = 0; k0 < K; k0 += KC) run_block(m0, mc, k0, std::min(KC, K - k0), k0 / 2);
-          store(m0, mc);
-        }
       }
-      if (dot_panels) g_dot_panels.fetch_add(dot_panels, std::memory_order_relaxed);
     }
   };
   if (parallel)
@@ -284,24 +258,24 @@ PanelLoader dense_rows_loader(const float* B, int64_t ldb, int64_t N, int64_t K)
   };
 }
 
-bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t k0, int64_t k1, int64_t n0, uint32_t* pairs,
+bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t K, int64_t n0, uint32_t* pairs,
                          int* min_exponent) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   if (kernel_isa() != Isa::kAvx512Bf16) return false;
   const float* panel_rows[NR];
-  for (int j = 0; j < NR; ++j) panel_rows[j] = n0 + j < N && rows[n0 + j] ? rows[n0 + j] + k0 : nullptr;
-  return gemm_pack_gathered_rows_bf16(panel_rows, k1 - k0, pairs, min_exponent);
+  for (int j = 0; j < NR; ++j) panel_rows[j] = n0 + j < N ? rows[n0 + j] : nullptr;
+  return gemm_pack_gathered_rows_bf16(panel_rows, K, pairs, min_exponent);
 #else
-  (void)rows, (void)N, (void)k0, (void)k1, (void)n0, (void)pairs, (void)min_exponent;
+  (void)rows, (void)N, (void)K, (void)n0, (void)pairs, (void)min_exponent;
   return false;
 #endif
 }
 
 PairLoader dense_rows_pair_loader(const float* B, int64_t ldb, int64_t N, int64_t K) {
-  return [=](int64_t n0, int64_t k0, int64_t k1, uint32_t* pairs, int* min_exponent) {
+  return [=](int64_t n0, uint32_t* pairs, int* min_exponent) {
     const float* rows[NR];
     for (int j = 0; j < NR; ++j) rows[j] = n0 + j < N ? B + (n0 + j) * ldb : nullptr;
-    return gathered_rows_pairs(rows, NR, k0, k1, 0, pairs, min_exponent);
+    return gathered_rows_pairs(rows, NR, K, 0, pairs, min_exponent);
   };
 }
 

@@ -27,13 +27,12 @@ constexpr int kDotMinBiasedExponentSum = 142;
 // Writes B rows [n0, n0 + 16) into panel[k * 16 + j] (zeros past N).
 using PanelLoader = std::function<void(int64_t n0, float* panel)>;
 
-// Optional, for the BF16 kernel (Isa::kAvx512Bf16): writes values [k0, k1)
-// of the same panel straight as bf16 pairs [ceil((k1 − k0)/2)][16]
-// (gemm_micro.h), skipping the fp32 panel; k0 is even, k1 is K or even.
-// Returns false when it cannot give exact bf16 values (gemm then loads the
-// fp32 panel and packs that); otherwise sets *min_exponent to a lower bound
-// of the non-zero values' biased exponents.
-using PairLoader = std::function<bool(int64_t n0, int64_t k0, int64_t k1, uint32_t* pairs, int* min_exponent)>;
+// Optional, for the BF16 kernel (Isa::kAvx512Bf16): writes the same panel
+// straight as bf16 pairs [ceil(K/2)][16] (gemm_micro.h), skipping the fp32
+// panel. Returns false when it cannot give exact bf16 values (gemm then
+// loads the fp32 panel and packs that); otherwise sets *min_exponent to a
+// lower bound of the non-zero values' biased exponents.
+using PairLoader = std::function<bool(int64_t n0, uint32_t* pairs, int* min_exponent)>;
 
 struct GemmOut {
   float* c = nullptr;
@@ -56,11 +55,11 @@ void gemm_reference(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N
 // A loader for a row-major fp32 matrix B [N][K] with row stride ldb.
 PanelLoader dense_rows_loader(const float* B, int64_t ldb, int64_t N, int64_t K);
 
-// Pair loaders for B rows given by pointers (rows[n], n < N, values k0 to
-// k1 of each; null: a zero row) or row-major as above: one pass from the
-// rows to bf16 pairs, where the BF16 kernel runs (false elsewhere, and
-// where a value is not exact).
-bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t k0, int64_t k1, int64_t n0, uint32_t* pairs,
+// Pair loaders for B rows given by pointers (rows[n], n < N, K values each;
+// null: a zero row) or row-major as above: one pass from the rows to bf16
+// pairs, where the BF16 kernel runs (false elsewhere, and where a value is
+// not exact).
+bool gathered_rows_pairs(const float* const* rows, int64_t N, int64_t K, int64_t n0, uint32_t* pairs,
                          int* min_exponent);
 PairLoader dense_rows_pair_loader(const float* B, int64_t ldb, int64_t N, int64_t K);
 

@@ -281,15 +281,14 @@ void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 
 }  // namespace
 
-bool Weight::dequant_panel_pairs(int64_t o0, int64_t o_end, int64_t k0, int64_t k1, uint32_t* pairs,
-                                 int* min_exponent) const {
+bool Weight::dequant_panel_pairs(int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) const {
 #ifdef DSV4_HAVE_AVX512_KERNELS
   if (kernel_isa() == Isa::kAvx512Bf16) {
-    if (kind == Kind::kFP4) return panel_fp4_pairs_avx512(*this, o0, o_end, k0, k1, pairs, min_exponent);
-    if (kind == Kind::kFP8) return panel_fp8_pairs_avx512(*this, o0, o_end, k0, k1, pairs, min_exponent);
+    if (kind == Kind::kFP4) return panel_fp4_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+    if (kind == Kind::kFP8) return panel_fp8_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
   }
 #endif
-  (void)o0, (void)o_end, (void)k0, (void)k1, (void)pairs, (void)min_exponent;
+  (void)o0, (void)o_end, (void)pairs, (void)min_exponent;
   return false;
 }
 
@@ -382,8 +381,8 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   auto load = [&](int64_t n0, float* panel) { w.dequant_panel(row_begin + n0, row_end, panel); };
   // For the BF16 kernel, formats with a pair decoder (FP4, FP8) skip the
   // fp32 panel.
-  const PairLoader load_pairs = [&](int64_t n0, int64_t k0, int64_t k1, uint32_t* pairs, int* min_exponent) {
-    return w.dequant_panel_pairs(row_begin + n0, row_end, k0, k1, pairs, min_exponent);
+  const PairLoader load_pairs = [&](int64_t n0, uint32_t* pairs, int* min_exponent) {
+    return w.dequant_panel_pairs(row_begin + n0, row_end, pairs, min_exponent);
   };
   gemm(x, ldx, M, K, rows, load, GemmOut{y, ldy, opts.out_bf16}, true, &load_pairs);
 }

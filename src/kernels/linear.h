@@ -26,8 +26,7 @@ struct Weight {
   // The same panel as bf16 pairs for the BF16 gemm kernel (gemm.h
   // PairLoader); false where this kind or CPU has no such decoder or the
   // values are not all normal bf16 values.
-  bool dequant_panel_pairs(int64_t o0, int64_t o_end, int64_t k0, int64_t k1, uint32_t* pairs,
-                           int* min_exponent) const;
+  bool dequant_panel_pairs(int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) const;
   // The same through dequant_row, value by value: what the test compares to.
   void dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) const;
 };

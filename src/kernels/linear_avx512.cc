@@ -72,14 +72,20 @@ struct Rows16 {
     out[2] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
     out[3] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
   }
-  // The rows are short streams (2 KB at in = 4096) that the hardware
-  // prefetcher picks up late: at each new 64-byte line (`byte` a multiple of
-  // 64), ask for the next panel's line at the same offset (a prefetch never
-  // faults, so past the weight's end it costs only the request).
-  void prefetch_next_panel(int64_t byte) const {
-    if (byte % 64 != 0) return;
-    for (int i = 0; i < 16; ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(data[i] + 16 * row_bytes + byte), _MM_HINT_T0);
+  // The next panel's rows (o0 + 16 .. o0 + 31) follow this panel's rows in
+  // memory: 16 · row_bytes contiguous bytes. Decoding reads 16 rows at once,
+  // 16 short streams (2 KB each at in = 4096) that the hardware prefetcher
+  // follows poorly; asking for the next panel in address order instead, a
+  // few lines per step spread over this panel's `steps` steps, turns them
+  // into one stream ahead of use (routed experts of one layer, best of
+  // seven, alternately: 4.64 -> 4.33 s for four layers). Into L2 (T1): the
+  // panel is read only once the current one is done. A prefetch never
+  // faults, so past the weight's end it costs only the request.
+  void prefetch_next_panel(int64_t step, int64_t steps) const {
+    const int64_t lines = (16 * row_bytes + 63) / 64, per_step = (lines + steps - 1) / steps;
+    const char* next = reinterpret_cast<const char*>(data[0] + 16 * row_bytes);
+    const int64_t end = (step + 1) * per_step < lines ? (step + 1) * per_step : lines;
+    for (int64_t l = step * per_step; l < end; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
   }
   // The rows' e8m0 scale codes of block `col`, one per lane.
   __m512i scale_codes(int64_t col) const {
@@ -104,7 +110,7 @@ struct Rows16 {
 class ScaleStream {
  public:
   ScaleStream(const Rows16& r, int64_t cols) : r_(r), cols_(cols) {}
-  // Must be called for col = c, c + 1, c + 2, … in turn, c a multiple of 16.
+  // Must be called for col = 0, 1, 2, … in turn.
   __m512i next(int64_t col) {
     const int64_t group = col - col % 16;
     if (group + 16 > cols_) return r_.scale_codes(col);  // a last partial group
@@ -160,7 +166,7 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
                                       -4.f, -6.f);
   ScaleStream scales(r, w.in / 32);
   for (int64_t k = 0; k < w.in; k += 32) {  // one scale block: 16 bytes of each row
-    r.prefetch_next_panel(k / 2);
+    r.prefetch_next_panel(k / 32, w.in / 32);
     const __m512 scale = Rows16::scale_values(scales.next(k / 32));
     __m512 v[4];
     r.dwords4(k / 2, v);
@@ -182,11 +188,8 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
 // Needs AVX512-BW (vpermw, word masks); every CPU with AVX512-BF16 has it and
 // cpu_has(Isa::kAvx512Bf16) checks it too.
 __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end,
-                                                                  int64_t k0, int64_t k1, uint32_t* pairs,
-                                                                  int* min_exponent) {
+                                                                  uint32_t* pairs, int* min_exponent) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
-  // Blocks of 16 scale codes start at k0 (ScaleStream), so k0 is on one.
-  if (k0 % 512 != 0 || k1 % 32 != 0) return false;
   const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
   // bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
   // word index, and bit 4 is the next code's low bit.
@@ -197,8 +200,8 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
       0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000);
   ScaleStream scales(r, w.in / 32);
   ScaleRange range;
-  for (int64_t k = k0; k < k1; k += 32) {
-    r.prefetch_next_panel(k / 2);
+  for (int64_t k = 0; k < w.in; k += 32) {
+    r.prefetch_next_panel(k / 32, w.in / 32);
     const __m512i s = scales.next(k / 32);
     range.add(s, r.keep);
     const __m512i addend = exponent_addend(s);
@@ -215,7 +218,7 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
         const __m512i first = b < 2 ? _mm512_slli_epi32(codes, 16 - 8 * b) : _mm512_srli_epi32(codes, 8 * b - 16);
         const __m512i second = _mm512_srli_epi32(codes, 8 * b + 4);
         const __m512i pair = scale_words(_mm512_permutexvar_epi16(join_words(first, second), table), addend);
-        _mm512_storeu_si512(pairs + ((k - k0 + 8 * j + 2 * b) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
+        _mm512_storeu_si512(pairs + ((k + 8 * j + 2 * b) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
       }
     }
   }
@@ -253,12 +256,10 @@ constexpr E4m3Bf16Table kE4m3Bf16;
 
 // Needs AVX512-BW (vpermi2w, word masks), as the FP4 pair decoder.
 __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end,
-                                                                  int64_t k0, int64_t k1, uint32_t* pairs,
-                                                                  int* min_exponent) {
+                                                                  uint32_t* pairs, int* min_exponent) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
   const int64_t B = w.block;
-  // 16 codes of a row at a time, in one scale block.
-  if (w.in % 16 != 0 || B % 16 != 0 || k0 % 16 != 0 || k1 % 16 != 0) return false;
+  if (w.in % 16 != 0 || B % 16 != 0) return false;  // 16 codes of a row at a time, in one scale block
   const Rows16 r(w, o0, o_end, w.in, (w.in + B - 1) / B, B);
   // Each word looks its code's magnitude up in the 128-entry table (two
   // 64-entry vpermi2w, chosen by bit 6; the index's higher bits are
@@ -276,9 +277,9 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
   ScaleRange range;
   __m512i addend = _mm512_setzero_si512();
   __mmask64 nan = 0;
-  for (int64_t k = k0; k < k1; k += 16) {
-    r.prefetch_next_panel(k);
-    if (k % B == 0 || k == k0) {
+  for (int64_t k = 0; k < w.in; k += 16) {
+    r.prefetch_next_panel(k / 16, w.in / 16);
+    if (k % B == 0) {
       const __m512i s = r.scale_codes(k / B);
       range.add(s, r.keep);
       addend = exponent_addend(s);
@@ -299,7 +300,7 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
                                             _mm512_permutex2var_epi16(t2, idx[p], t3));
         x = scale_words(x, addend);
         x = _mm512_ternarylogic_epi32(x, _mm512_slli_epi16(idx[p], 8), sign, 0xf8);  // x | (idx << 8 & sign)
-        _mm512_storeu_si512(pairs + ((k - k0 + 4 * j) / 2 + p) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, x));
+        _mm512_storeu_si512(pairs + ((k + 4 * j) / 2 + p) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, x));
       }
     }
   }

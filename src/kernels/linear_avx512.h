@@ -12,15 +12,13 @@ namespace dsv4 {
 // equal to dequant_panel_reference.
 void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel);
 
-// Weight::dequant_panel_pairs for an FP4 weight: values [k0, k1) of the same
-// panel as bf16 pairs (gemm.h PairLoader); false when a scale would make a
-// value subnormal or infinite, or k0 or k1 is not on a 32-value block.
-bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, int64_t k0, int64_t k1, uint32_t* pairs,
-                            int* min_exponent);
+// Weight::dequant_panel_pairs for an FP4 weight: the same panel as bf16
+// pairs (gemm.h PairLoader); false when a scale would make a value
+// subnormal or infinite.
+bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent);
 
-// The same for an FP8 weight; false also for a NaN code or where w.in, the
-// scale block, k0 or k1 is not a multiple of 16.
-bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, int64_t k0, int64_t k1, uint32_t* pairs,
-                            int* min_exponent);
+// The same for an FP8 weight; false also for a NaN code or where w.in or the
+// scale block is not a multiple of 16.
+bool panel_fp8_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent);
 
 }  // namespace dsv4
