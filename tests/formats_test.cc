@@ -294,6 +294,35 @@ TEST(Q8, FastEqualsReferenceBitwise) {
   }
 }
 
+TEST(Q4, FastEqualsReferenceBitwise) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> binade(-30, 12);
+  for (size_t block : {size_t(32), size_t(64), size_t(40), size_t(12)}) {
+    std::vector<float> x(1000);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * std::ldexp(1.f, binade(rng));
+    // Every rounding midpoint and grid value at scale 1 (block amax 6), both
+    // signs, and zeros of both signs.
+    const float at_scale_1[] = {6.f, .25f, .75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f,
+                                0.f, .5f,  1.f,  1.5f,  2.f,   3.f,  4.f,  5.5f};
+    for (size_t i = 0; i < 64; ++i) x[i] = (i / 16 % 2 ? -1.f : 1.f) * at_scale_1[i % 16];
+    x[70] = -0.f;
+    x[300] = std::numeric_limits<float>::quiet_NaN();
+    x[700] = -std::numeric_limits<float>::infinity();
+    for (size_t i = 800; i < 900; ++i) x[i] = std::ldexp(nd(rng), -140);  // fp32 subnormals
+    for (size_t i = 900; i < 940; ++i) x[i] = 0.f;                           // an all-zero block
+    std::vector<float> fast = x, ref = x;
+    q4_inplace(fast.data(), fast.size(), block);
+    q4_inplace_reference(ref.data(), ref.size(), block);
+    for (size_t i = 0; i < x.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &fast[i], 4);
+      std::memcpy(&b, &ref[i], 4);
+      ASSERT_EQ(a, b) << "block " << block << " i " << i << " x " << x[i];
+    }
+  }
+}
+
 TEST(Q4, HandCheckedBlocks) {
   // amax 6: scale 1; 0.25 -> 0, 0.75 -> 1, -5 -> -4 (ties), 2.9 -> 3.
   std::vector<float> x(32, 0.f);

@@ -142,16 +142,75 @@ void q8_inplace(float* x, size_t n, size_t block, bool pow2) {
   }
 }
 
+namespace {
+
+// One block as the definition reads: scale, clamp, round to e2m1, rescale.
+void q4_block_reference(float* x, size_t n) {
+  float amax = 0.f;
+  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = fp4_pow2_scale(amax);
+  for (size_t i = 0; i < n; ++i) {
+    float v = std::clamp(x[i] / s, -6.0f, 6.0f);
+    x[i] = e2m1_to_f32(f32_to_e2m1(v)) * s;
+  }
+}
+
+#ifdef __AVX2__
+// The same block 8 values at a time, for n a multiple of 8 and finite x
+// (returns false, touching nothing, otherwise: NaN would need the clamp's
+// and the rounding's NaN rules). The magnitude code counts the rounding
+// midpoints below |v| with f32_to_e2m1's comparisons, and one 8-entry
+// vpermps gives the magnitude; the sign is v's (a clamped -0 stays -0).
+// Why: the indexer quantises every query and compressed key this way, and
+// the scalar loop was 1.35% of the N = 4096 profile.
+bool q4_block_avx2(float* x, size_t n) {
+  if (n % 8 != 0) return false;
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  __m256 amax = _mm256_setzero_ps();
+  __m256i nonfinite = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), abs_mask);
+    nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpgt_epi32(a, _mm256_sub_epi32(inf, _mm256_set1_epi32(1))));
+    amax = _mm256_max_ps(amax, _mm256_castsi256_ps(a));
+  }
+  if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
+  alignas(32) float m[8];
+  _mm256_store_ps(m, amax);
+  const float s = fp4_pow2_scale(*std::max_element(m, m + 8));
+  const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(6.0f), lo = _mm256_set1_ps(-6.0f);
+  const __m256 magnitudes = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), lo), hi);
+    const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), abs_mask));
+    // Each true comparison is -1: the code is minus their sum.
+    __m256i c = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0.25f), _CMP_GT_OQ));
+    c = _mm256_add_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0.75f), _CMP_GE_OQ)));
+    c = _mm256_add_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(1.25f), _CMP_GT_OQ)));
+    c = _mm256_add_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(1.75f), _CMP_GE_OQ)));
+    c = _mm256_add_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(2.5f), _CMP_GT_OQ)));
+    c = _mm256_add_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(3.5f), _CMP_GE_OQ)));
+    c = _mm256_add_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(5.0f), _CMP_GT_OQ)));
+    const __m256 mag = _mm256_permutevar8x32_ps(magnitudes, _mm256_sub_epi32(_mm256_setzero_si256(), c));
+    const __m256 q = _mm256_or_ps(mag, _mm256_andnot_ps(_mm256_castsi256_ps(abs_mask), v));
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(q, vs));
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+void q4_inplace_reference(float* x, size_t n, size_t block) {
+  for (size_t b0 = 0; b0 < n; b0 += block) q4_block_reference(x + b0, std::min(n, b0 + block) - b0);
+}
+
 void q4_inplace(float* x, size_t n, size_t block) {
   for (size_t b0 = 0; b0 < n; b0 += block) {
-    size_t b1 = std::min(n, b0 + block);
-    float amax = 0.f;
-    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    float s = fp4_pow2_scale(amax);
-    for (size_t i = b0; i < b1; ++i) {
-      float v = std::clamp(x[i] / s, -6.0f, 6.0f);
-      x[i] = e2m1_to_f32(f32_to_e2m1(v)) * s;
-    }
+    const size_t len = std::min(n, b0 + block) - b0;
+#ifdef __AVX2__
+    if (q4_block_avx2(x + b0, len)) continue;
+#endif
+    q4_block_reference(x + b0, len);
   }
 }
 

@@ -87,7 +87,10 @@ inline float fp4_pow2_scale(float amax) {
 // the plain definition (test Q8.FastEqualsReferenceBitwise).
 void q8_inplace(float* x, size_t n, size_t block, bool pow2 = true);
 void q8_inplace_reference(float* x, size_t n, size_t block, bool pow2 = true);
-// q4(x): FP4 simulation in blocks of 32.
+// q4(x): FP4 simulation in blocks of 32. Vectorised where the CPU allows;
+// bitwise equal to q4_inplace_reference, the plain definition (test
+// Q4.FastEqualsReferenceBitwise).
 void q4_inplace(float* x, size_t n, size_t block = 32);
+void q4_inplace_reference(float* x, size_t n, size_t block = 32);
 
 }  // namespace dsv4
