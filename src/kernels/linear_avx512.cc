@@ -75,12 +75,13 @@ struct Rows16 {
   // The next panel's rows (o0 + 16 .. o0 + 31) follow this panel's rows in
   // memory: 16 · row_bytes contiguous bytes. Decoding reads 16 rows at once,
   // 16 short streams (2 KB each at in = 4096) that the hardware prefetcher
-  // follows poorly; asking for the next panel in address order instead, a
-  // few lines per step spread over this panel's `steps` steps, turns them
-  // into one stream ahead of use (routed experts of one layer, best of
-  // seven, alternately: 4.64 -> 4.33 s for four layers). Into L2 (T1): the
-  // panel is read only once the current one is done. A prefetch never
-  // faults, so past the weight's end it costs only the request.
+  // follows poorly (the decoders' samples sat on their row loads); the next
+  // panel is asked for in address order instead, a few lines per step
+  // spread over this panel's `steps` steps: one stream, ahead of use. Into
+  // L2 (T1): the panel is read only once the current one is done. Measured
+  // against one line per row at the same offset: 0-4% on the routed
+  // experts alone, no signal end to end (docs/PERFORMANCE.md). A prefetch
+  // never faults, so past the weight's end it costs only the request.
   void prefetch_next_panel(int64_t step, int64_t steps) const {
     const int64_t lines = (16 * row_bytes + 63) / 64, per_step = (lines + steps - 1) / steps;
     const char* next = reinterpret_cast<const char*>(data[0] + 16 * row_bytes);
