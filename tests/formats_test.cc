@@ -174,9 +174,9 @@ TEST(BF16, RoundToNearestEven) {
   EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
 }
 
-// The vectorised bf16r_inplace against bf16r on random bit patterns (NaNs,
-// infinities and subnormals among them), exact ties, and a length that
-// leaves a scalar tail.
+// The vectorised bf16r_inplace and bf16r_copy against bf16r on random bit
+// patterns (NaNs, infinities and subnormals among them), exact ties, and a
+// length that leaves a scalar tail.
 TEST(BF16, RoundInplaceEqualsBf16r) {
   std::mt19937 rng(17);
   std::vector<float> x(1003);
@@ -186,9 +186,13 @@ TEST(BF16, RoundInplaceEqualsBf16r) {
     if (i % 97 == 0) u = (u & 0x80000000u) | 0x7f800000u | (u & 0x7fffffu);  // inf or NaN
     x[i] = bits_f32(u);
   }
-  std::vector<float> fast = x;
+  std::vector<float> fast = x, copied(x.size());
   bf16r_inplace(fast.data(), fast.size());
-  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(f32_bits(fast[i]), f32_bits(bf16r(x[i]))) << i;
+  bf16r_copy(x.data(), x.size(), copied.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(f32_bits(fast[i]), f32_bits(bf16r(x[i]))) << i;
+    ASSERT_EQ(f32_bits(copied[i]), f32_bits(bf16r(x[i]))) << i;
+  }
 }
 
 TEST(CeilLog2, ExactFromBits) {

@@ -9,7 +9,9 @@
 
 namespace dsv4 {
 
-void bf16r_inplace(float* x, size_t n) {
+void bf16r_inplace(float* x, size_t n) { bf16r_copy(x, n, x); }
+
+void bf16r_copy(const float* x, size_t n, float* y) {
   size_t i = 0;
 #ifdef __AVX2__
   // f32_to_bf16 8 lanes at a time: add 0x7fff plus the lowest kept bit (ties
@@ -23,10 +25,10 @@ void bf16r_inplace(float* x, size_t n) {
     const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(half, lsb)), hi);
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
     const __m256i nan_bits = _mm256_or_si256(_mm256_and_si256(u, hi), quiet);
-    _mm256_storeu_ps(x + i, _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, nan_bits, nan)));
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, nan_bits, nan)));
   }
 #endif
-  for (; i < n; ++i) x[i] = bf16r(x[i]);
+  for (; i < n; ++i) y[i] = bf16r(x[i]);
 }
 
 float e4m3_to_f32(uint8_t b) {

@@ -23,8 +23,10 @@ inline uint16_t f32_to_bf16(float f) {
 }
 // bf16(x): round an fp32 to the nearest bf16 value, kept as fp32.
 inline float bf16r(float f) { return bf16_to_f32(f32_to_bf16(f)); }
-// bf16r of every element (vectorised; test BF16.RoundInplaceEqualsBf16r).
+// bf16r of every element (vectorised; test BF16.RoundInplaceEqualsBf16r), in
+// place or from x into y (y == x allowed).
 void bf16r_inplace(float* x, size_t n);
+void bf16r_copy(const float* x, size_t n, float* y);
 
 // e4m3fn: bias 7, subnormals, max 448, 0x7f / 0xff are NaN, no infinities.
 float e4m3_to_f32(uint8_t b);

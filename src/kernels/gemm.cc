@@ -217,9 +217,13 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
           }
         }
         for (int64_t m = 0; m < mc; ++m) {
+          const float* row = C.data() + m * ldc;
           float* c = out.c + (m0 + m) * out.ldc + n0;
-          std::copy(C.data() + m * ldc, C.data() + m * ldc + nc, c);
-          if (out.bf16) bf16r_inplace(c, size_t(nc));
+          if (out.bf16) {
+            bf16r_copy(row, size_t(nc), c);  // rounded on the way out: one pass, not a copy and a second one
+          } else {
+            std::copy(row, row + nc, c);
+          }
         }
       }
     }
