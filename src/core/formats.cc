@@ -92,13 +92,10 @@ void q8_block_reference(float* x, size_t n, bool pow2) {
 }
 
 #ifdef __AVX2__
-// The same block 8 values at a time, for n a multiple of 8 and finite x
-// (returns false, touching nothing, otherwise). Rounding |v| to e4m3 is
-// (|v| + M) - M with M = 2^(e + 20), e = max(exponent of |v|, -6): the sum
-// lies in a binade whose ulp is the e4m3 step 2^(e - 3), so the addition
-// rounds to the grid, ties to even, and the subtraction is exact. After the
-// clamp |v| <= 448 is on or inside the grid's range, so nothing saturates.
-bool q8_block_avx2(float* x, size_t n, bool pow2) {
+// The largest |x[i]| of a block for the vectorised quantisers: false when n
+// is not a multiple of 8 or some x[i] is NaN or infinite (their blocks take
+// the plain path).
+bool finite_block_amax_avx2(const float* x, size_t n, float* block_amax) {
   if (n % 8 != 0) return false;
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   __m256 amax = _mm256_setzero_ps();
@@ -111,7 +108,21 @@ bool q8_block_avx2(float* x, size_t n, bool pow2) {
   if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
   alignas(32) float m[8];
   _mm256_store_ps(m, amax);
-  const float s = q8_scale(*std::max_element(m, m + 8), pow2);
+  *block_amax = *std::max_element(m, m + 8);
+  return true;
+}
+
+// The same block 8 values at a time, for n a multiple of 8 and finite x
+// (returns false, touching nothing, otherwise). Rounding |v| to e4m3 is
+// (|v| + M) - M with M = 2^(e + 20), e = max(exponent of |v|, -6): the sum
+// lies in a binade whose ulp is the e4m3 step 2^(e - 3), so the addition
+// rounds to the grid, ties to even, and the subtraction is exact. After the
+// clamp |v| <= 448 is on or inside the grid's range, so nothing saturates.
+bool q8_block_avx2(float* x, size_t n, bool pow2) {
+  float amax;
+  if (!finite_block_amax_avx2(x, n, &amax)) return false;
+  const float s = q8_scale(amax, pow2);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
   const __m256i min_exp = _mm256_set1_epi32(121);  // biased exponent of 2^-6
   for (size_t i = 0; i < n; i += 8) {
@@ -166,19 +177,10 @@ void q4_block_reference(float* x, size_t n) {
 // Why: the indexer quantises every query and compressed key this way, and
 // the scalar loop was 1.35% of the N = 4096 profile.
 bool q4_block_avx2(float* x, size_t n) {
-  if (n % 8 != 0) return false;
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  __m256 amax = _mm256_setzero_ps();
-  __m256i nonfinite = _mm256_setzero_si256();
-  for (size_t i = 0; i < n; i += 8) {
-    const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), abs_mask);
-    nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpgt_epi32(a, _mm256_sub_epi32(inf, _mm256_set1_epi32(1))));
-    amax = _mm256_max_ps(amax, _mm256_castsi256_ps(a));
-  }
-  if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
-  alignas(32) float m[8];
-  _mm256_store_ps(m, amax);
-  const float s = fp4_pow2_scale(*std::max_element(m, m + 8));
+  float amax;
+  if (!finite_block_amax_avx2(x, n, &amax)) return false;
+  const float s = fp4_pow2_scale(amax);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(6.0f), lo = _mm256_set1_ps(-6.0f);
   const __m256 magnitudes = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
   for (size_t i = 0; i < n; i += 8) {
