@@ -18,11 +18,12 @@ bool cpu_has(Isa isa) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
     case Isa::kAvx512: return __builtin_cpu_supports("avx512f");
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-    // The FP4/FP8 pair decoders also use AVX512-BW (vpermw, vpermi2w),
-    // which every AVX512-BF16 CPU has; checked all the same.
+    // The FP4/FP8 pair decoders also use AVX512-BW (vpermw, vpermi2w) and
+    // AVX512-VBMI (vpmultishiftqb). Every AVX512-BF16 CPU has BW; all but
+    // Intel's Cooper Lake have VBMI (there the engine runs Isa::kAvx512).
     case Isa::kAvx512Bf16:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512bf16");
+             __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16");
 #else
     case Isa::kAvx512Bf16: return false;
 #endif

@@ -2,8 +2,8 @@
 // weights to bf16 pairs.
 // Compiled with -mavx512f (CMakeLists.txt); Weight::dequant_panel(_pairs)
 // calls it only when kernel_isa() is Isa::kAvx512 or later, and the pair
-// decoders (AVX512-BW through a target attribute) only for
-// Isa::kAvx512Bf16, which requires BW. Like
+// decoders (AVX512-BW and -VBMI through target attributes) only for
+// Isa::kAvx512Bf16, which requires both. Like
 // gemm_avx512.cc this file calls no inline function or template of another
 // header: an out-of-line copy compiled here could be the one the linker
 // keeps for the whole program.
@@ -186,23 +186,34 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
   }
 }
 
-// Needs AVX512-BW (vpermw, word masks); every CPU with AVX512-BF16 has it and
-// cpu_has(Isa::kAvx512Bf16) checks it too.
-__attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end,
-                                                                  uint32_t* pairs, int* min_exponent) {
-  static_assert(kGemmNR == 16, "one zmm lane per panel row");
-  const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
+namespace {
+
+// The FP4 pair decoder's loop; kFull: all 16 rows are kept (no masking).
+// Needs AVX512-BW (vpermw, word masks) and AVX512-VBMI (vpmultishiftqb),
+// which cpu_has(Isa::kAvx512Bf16) checks.
+template <bool kFull>
+__attribute__((target("avx512bw,avx512vbmi"))) void fp4_pairs_loop(const Rows16& r, int64_t in, uint32_t* pairs,
+                                                                    ScaleRange& range) {
   // bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
-  // word index, and bit 4 is the next code's low bit.
+  // word index, and bit 4 is whatever bit follows the code.
   const __m512i table = _mm512_set_epi16(
       short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00),
       short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000, short(0xc0c0), short(0xc080),
       short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00), short(0x8000), 0x40c0, 0x4080,
       0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000);
-  ScaleStream scales(r, w.in / 32);
-  ScaleRange range;
-  for (int64_t k = 0; k < w.in; k += 32) {
-    r.prefetch_next_panel(k / 32, w.in / 32);
+  // Byte b of a lane holds codes 2b (low nibble) and 2b + 1 (high nibble)
+  // of the lane's 8; the pair wants code 2b's index in its high word and
+  // code 2b + 1's in its low word. vpmultishiftqb copies, into each byte,
+  // the 8 bits of its qword (two lanes) at the offset its control byte
+  // names: one instruction builds all 32 word indices of a pair vector.
+  __m512i index_of[4];
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b)
+    index_of[b] = _mm512_set1_epi64(int64_t(uint64_t(8 * b + 4) | uint64_t(8 * b) << 16 |
+                                            uint64_t(32 + 8 * b + 4) << 32 | uint64_t(32 + 8 * b) << 48));
+  ScaleStream scales(r, in / 32);
+  for (int64_t k = 0; k < in; k += 32) {
+    r.prefetch_next_panel(k / 32, in / 32);
     const __m512i s = scales.next(k / 32);
     range.add(s, r.keep);
     const __m512i addend = exponent_addend(s);
@@ -210,19 +221,28 @@ __attribute__((target("avx512bw"))) bool panel_fp4_pairs_avx512(const Weight& w,
     r.dwords4(k / 2, v);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const __m512i codes = _mm512_castps_si512(v[j]);
-      // Byte b of a lane holds codes k + 8j + 2b (low nibble) and + 1 (high
-      // nibble); the pair wants the first in its high word, the second in
-      // its low word: one word index each, one vpermw for both.
+      const __m512i codes = _mm512_castps_si512(v[j]);  // codes k + 8j .. k + 8j + 7 of each row
 #pragma GCC unroll 4
       for (int b = 0; b < 4; ++b) {
-        const __m512i first = b < 2 ? _mm512_slli_epi32(codes, 16 - 8 * b) : _mm512_srli_epi32(codes, 8 * b - 16);
-        const __m512i second = _mm512_srli_epi32(codes, 8 * b + 4);
-        const __m512i pair = scale_words(_mm512_permutexvar_epi16(join_words(first, second), table), addend);
-        _mm512_storeu_si512(pairs + ((k + 8 * j + 2 * b) / 2) * kGemmNR, _mm512_maskz_mov_epi32(r.keep, pair));
+        const __m512i index = _mm512_multishift_epi64_epi8(index_of[b], codes);
+        __m512i pair = scale_words(_mm512_permutexvar_epi16(index, table), addend);
+        if constexpr (!kFull) pair = _mm512_maskz_mov_epi32(r.keep, pair);
+        _mm512_storeu_si512(pairs + ((k + 8 * j + 2 * b) / 2) * kGemmNR, pair);
       }
     }
   }
+}
+
+}  // namespace
+
+bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
+  static_assert(kGemmNR == 16, "one zmm lane per panel row");
+  const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
+  ScaleRange range;
+  if (r.keep == 0xffff)
+    fp4_pairs_loop<true>(r, w.in, pairs, range);
+  else
+    fp4_pairs_loop<false>(r, w.in, pairs, range);
   // Codes 2-252 keep every value normal and finite: 0.5 · 2^(2-127) =
   // 2^-126, 6 · 2^(252-127) < 2^128. The smallest non-zero magnitude, 0.5,
   // gives the smallest exponent: s - 1 biased.
