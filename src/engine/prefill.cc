@@ -180,8 +180,16 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
   }
   if (experts) rounds = experts->agree_rounds(rounds);
 
-  std::vector<float> X, erow(static_cast<size_t>(D)), hidden;
-  LayerScratch scratch;
+  // The residual stream X (128 MB for 2048 Flash rows) and the layer blocks
+  // (y_routed alone 200 MB) are kept from call to call on this thread, as
+  // core/scratch.h keeps smaller ones: allocated per call, they were mapped,
+  // faulted in and zeroed on the calling thread while the workers waited
+  // (~1.5 s of page faults and memset over a bench run of N = 2048 and
+  // 8192). extend_batch is not re-entered on its thread (an ExpertRunner
+  // does not call it), and every block is written before it is read.
+  thread_local std::vector<float> X;
+  thread_local LayerScratch scratch;
+  std::vector<float> erow(static_cast<size_t>(D));
   std::vector<int32_t> round_tokens;
   for (int64_t round = 0; round < rounds; ++round) {
     std::vector<Segment> segs;
