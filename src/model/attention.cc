@@ -63,18 +63,23 @@ void indexer_select(const float* qi, const float* wts, const float* idx_rows, in
 }
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, AttentionState& st, float* out) {
+                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out) {
   const int64_t H = c.num_attention_heads, d = c.head_dim, rd = c.qk_rope_head_dim, nd = d - rd;
   const int64_t ql = c.q_lora_rank, G = c.o_groups, ol = c.o_lora_rank;
   const LinearOpts qopts = quant_linear_opts(c.weight_block_size, c.scale_pow2);
+  if (tile <= 0 || tile > n) tile = n;
 
-  // Per-token rotation tables for the tile.
+  // Per-token rotation tables for the rows.
   std::vector<float> cs(size_t(n * rd));
   for (int64_t i = 0; i < n; ++i) rope.cos_sin(p0 + i, cs.data() + i * rd);
 
+  // The projections read only x, never the caches, so they run over all n
+  // rows at once: each FP8 weight panel is decoded once for all of them, not
+  // once per tile (with 128-row tiles the decoding was ~4% of a Flash
+  // prefill). Every output row is the same FMA chain whatever M is.
   // §6.1–6.2: q.
   std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
-  // The tile's activations (16 MB for q alone at 128 Flash rows) in
+  // The rows' activations (16 MB for q alone per 128 Flash rows) in
   // buffers kept from call to call (core/scratch.h).
   thread_local std::vector<float> qr_buf, q_buf, kv_buf, qi_buf, wts_buf, idx_buf, o_buf, u_buf;
   thread_local std::vector<uint32_t> win_buf, comp_buf;
@@ -88,19 +93,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     q_head_norm_bf16(qh, d, c.rms_norm_eps);
     rope.rotate(qh + nd, cs.data() + (ih / H) * rd);
   });
-
-  // §6.3: the raw kv rows. The window keys of this tile are the older rows
-  // read from the ring first, then the tile's own rows; only then does the
-  // tile overwrite the ring, so the ring needs just sliding_window slots.
-  // Keys are kept as bf16 pair rows (kernels/sparse_attention.h), with the
-  // smallest exponent of each row.
-  const int64_t W = st.window_rows, lo = std::max<int64_t>(0, p0 - W + 1), n_old = p0 - lo;
-  const int64_t dp = key_pair_count(d);
-  uint32_t* const win = scratch(win_buf, size_t((n_old + n) * dp));
-  std::vector<int> win_exp(size_t(n_old + n));
-  parallel_for_each(n_old, [&](int64_t j) {
-    win_exp[size_t(j)] = pack_key_row(st.window.row_bf16((lo + j) % W), d, win + j * dp);
-  });
+  // §6.3: the raw kv rows.
   float* const kv = scratch(kv_buf, size_t(n * d));
   linear(w.wkv, x, n, kv, qopts);
   parallel_for_each(n, [&](int64_t i) {
@@ -108,22 +101,11 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
     rope.rotate(r + nd, cs.data() + i * rd);
     q8_inplace(r, size_t(nd), 64, c.scale_pow2);
-    win_exp[size_t(n_old + i)] = pack_key_row(r, d, win + (n_old + i) * dp);
   });
-  for (int64_t i = std::max<int64_t>(0, n - W); i < n; ++i) {
-    uint16_t* dst = st.window.row_bf16((p0 + i) % W);
-    for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[size_t(i * d + k)]);
-  }
-
-  // §7: compressed rows completed inside this tile.
-  stage.emplace(Stage::kCompressors);
-  if (ratio != 0) compressor_forward(w.compressor, c, rope, x, p0, n, st.comp);
-
   // §8: indexer queries and weights.
   const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
   float *qi = nullptr, *wts = nullptr;
   if (ratio == 4) {
-    compressor_forward(w.idx_compressor, c, rope, x, p0, n, st.idx_comp);
     stage.emplace(Stage::kIndexer);
     qi = scratch(qi_buf, size_t(n * Hi * di));
     linear(w.idx_wq_b, qr, n, qi, qopts);
@@ -139,54 +121,84 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     for (int64_t j = 0; j < n * Hi; ++j) wts[j] = bf16r(wts[j] * k);
   }
 
-  // §8.3: each query's selected compressed rows, timed as the indexer's
-  // (its scores are indexer FLOPs in the bench's per-stage report).
-  const int64_t vis = ratio != 0 ? (p0 + n) / ratio : 0;  // compressed rows visible to the tile's last query
-  std::vector<std::vector<int32_t>> chosen(size_t(ratio == 4 ? n : 0));
-  if (ratio == 4) {
-    float* const idx_rows = scratch(idx_buf, size_t(vis * di));
-    st.idx_comp.read_rows(vis, int(di), idx_rows);
-    parallel_for_each(n, [&](int64_t i) {
-      indexer_select(qi + i * Hi * di, wts + i * Hi, idx_rows, (p0 + i + 1) / ratio, int(Hi), int(di), c.index_topk,
-                     &chosen[size_t(i)]);
-    });
-  }
-
-  stage.emplace(Stage::kAttention);
-  // The compressed rows visible to the tile's last query as key pair rows.
-  uint32_t* comp = nullptr;
-  std::vector<int> comp_exp;
-  if (ratio != 0) {
-    comp = scratch(comp_buf, size_t(vis * dp));
-    comp_exp.resize(size_t(vis));
-    parallel_for_each(vis, [&](int64_t r) {
-      comp_exp[size_t(r)] = pack_key_row(st.comp.rows.row_bf16(r), d, comp + r * dp);
-    });
-  }
-
-  // §6.4–6.6: attention per query token, all heads.
+  // Tile by tile in position order: each tile reads the cache rows that the
+  // earlier ones wrote.
+  const int64_t W = st.window_rows, dp = key_pair_count(d);
   float* const o = scratch(o_buf, size_t(n * H * d));
-  parallel_for_each(n, [&](int64_t i) {
-    const int64_t t = p0 + i;
-    std::vector<const uint32_t*> keys;
-    int key_exp = 255;
-    for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) {
-      keys.push_back(win + (j - lo) * dp);
-      key_exp = std::min(key_exp, win_exp[size_t(j - lo)]);
+  for (int64_t t0 = 0; t0 < n; t0 += tile) {
+    const int64_t nt = std::min(tile, n - t0), pt = p0 + t0;
+    // The window keys of this tile are the older rows read from the ring
+    // first, then the tile's own rows; only then does the tile overwrite
+    // the ring, so the ring needs just sliding_window slots. Keys are kept
+    // as bf16 pair rows (kernels/sparse_attention.h), with the smallest
+    // exponent of each row.
+    stage.emplace(Stage::kAttention);
+    const int64_t lo = std::max<int64_t>(0, pt - W + 1), n_old = pt - lo;
+    uint32_t* const win = scratch(win_buf, size_t((n_old + nt) * dp));
+    std::vector<int> win_exp(size_t(n_old + nt));
+    parallel_for_each(n_old + nt, [&](int64_t j) {
+      win_exp[size_t(j)] = j < n_old ? pack_key_row(st.window.row_bf16((lo + j) % W), d, win + j * dp)
+                                     : pack_key_row(kv + (t0 + j - n_old) * d, d, win + j * dp);
+    });
+    for (int64_t i = std::max<int64_t>(0, nt - W); i < nt; ++i) {
+      uint16_t* dst = st.window.row_bf16((pt + i) % W);
+      for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[size_t((t0 + i) * d + k)]);
     }
-    auto add_compressed = [&](int64_t r) {
-      keys.push_back(comp + r * dp);
-      key_exp = std::min(key_exp, comp_exp[size_t(r)]);
-    };
+
+    // §7: compressed rows completed inside this tile.
+    stage.emplace(Stage::kCompressors);
+    if (ratio != 0) compressor_forward(w.compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.comp);
+    if (ratio == 4) compressor_forward(w.idx_compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.idx_comp);
+
+    // §8.3: each query's selected compressed rows, timed as the indexer's
+    // (its scores are indexer FLOPs in the bench's per-stage report).
+    const int64_t vis = ratio != 0 ? (pt + nt) / ratio : 0;  // compressed rows visible to the tile's last query
+    std::vector<std::vector<int32_t>> chosen(size_t(ratio == 4 ? nt : 0));
     if (ratio == 4) {
-      for (int32_t r : chosen[size_t(i)]) add_compressed(r);
-    } else if (ratio != 0) {
-      for (int64_t r = 0; r < (t + 1) / ratio; ++r) add_compressed(r);
+      stage.emplace(Stage::kIndexer);
+      float* const idx_rows = scratch(idx_buf, size_t(vis * di));
+      st.idx_comp.read_rows(vis, int(di), idx_rows);
+      parallel_for_each(nt, [&](int64_t i) {
+        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, idx_rows, (pt + i + 1) / ratio, int(Hi),
+                       int(di), c.index_topk, &chosen[size_t(i)]);
+      });
     }
-    attend_query(q + i * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(),
-                 o + i * H * d);
-    for (int64_t h = 0; h < H; ++h) rope.rotate(o + (i * H + h) * d + nd, cs.data() + i * rd, /*inverse=*/true);
-  });
+
+    stage.emplace(Stage::kAttention);
+    // The compressed rows visible to the tile's last query as key pair rows.
+    uint32_t* comp = nullptr;
+    std::vector<int> comp_exp;
+    if (ratio != 0) {
+      comp = scratch(comp_buf, size_t(vis * dp));
+      comp_exp.resize(size_t(vis));
+      parallel_for_each(vis, [&](int64_t r) {
+        comp_exp[size_t(r)] = pack_key_row(st.comp.rows.row_bf16(r), d, comp + r * dp);
+      });
+    }
+
+    // §6.4–6.6: attention per query token, all heads.
+    parallel_for_each(nt, [&](int64_t i) {
+      const int64_t t = pt + i;
+      std::vector<const uint32_t*> keys;
+      int key_exp = 255;
+      for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) {
+        keys.push_back(win + (j - lo) * dp);
+        key_exp = std::min(key_exp, win_exp[size_t(j - lo)]);
+      }
+      auto add_compressed = [&](int64_t r) {
+        keys.push_back(comp + r * dp);
+        key_exp = std::min(key_exp, comp_exp[size_t(r)]);
+      };
+      if (ratio == 4) {
+        for (int32_t r : chosen[size_t(i)]) add_compressed(r);
+      } else if (ratio != 0) {
+        for (int64_t r = 0; r < (t + 1) / ratio; ++r) add_compressed(r);
+      }
+      float* const oi = o + (t0 + i) * H * d;
+      attend_query(q + (t0 + i) * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(), oi);
+      for (int64_t h = 0; h < H; ++h) rope.rotate(oi + h * d + nd, cs.data() + (t0 + i) * rd, /*inverse=*/true);
+    });
+  }
 
   stage.emplace(Stage::kProjections);
   // §6.7: grouped low-rank output. wo_a's FP8 values are exact in bf16, so

@@ -28,10 +28,13 @@ struct AttentionState {
   size_t bytes_held() const;
 };
 
-// x: the tile's normalised sublayer input [n][D] (bf16) at positions
-// [p0, p0 + n). Writes the sublayer output [n][D] (bf16) to out.
+// x: the normalised sublayer input [n][D] (bf16) of positions [p0, p0 + n).
+// Writes the sublayer output [n][D] (bf16) to out. The projections run over
+// all n rows at once; the cache-reading part (window, compressors, indexer,
+// sparse attention) runs tile by tile, `tile` rows at a time in position
+// order (tile <= 0: all n). The result does not depend on n or tile.
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, AttentionState& st, float* out);
+                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out);
 
 // Lightning indexer selection for one query (MODEL.md §8.3–8.4): scores the
 // n_visible indexer rows with the query's prepared heads qi [Hi][di] and
