@@ -1,5 +1,7 @@
 #include "engine/prefill.h"
 
+#include "core/scratch.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -73,10 +75,8 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
   const int hc = c.hc_mult;
   std::vector<float>& y = scratch.y;
   std::vector<float>& f = scratch.f;
-  if (y.size() < size_t(rows * D)) {
-    y.resize(size_t(rows * D));
-    f.resize(size_t(rows * D));
-  }
+  dsv4::scratch(y, size_t(rows * D));
+  dsv4::scratch(f, size_t(rows * D));
   HcMix mix;
   for (const Segment& s : segs) {
     // Attention takes the rows in groups of whole tiles, at least
@@ -193,11 +193,12 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
 
   // The residual stream X (128 MB for 2048 Flash rows) and the layer blocks
   // (y_routed alone 200 MB) are kept from call to call on this thread, as
-  // core/scratch.h keeps smaller ones: allocated per call, they were mapped,
-  // faulted in and zeroed on the calling thread while the workers waited
-  // (~1.5 s of page faults and memset over a bench run of N = 2048 and
-  // 8192). extend_batch is not re-entered on its thread (an ExpertRunner
-  // does not call it), and every block is written before it is read.
+  // core/scratch.h keeps smaller ones (and in huge pages): allocated per
+  // call, they were mapped, faulted in and zeroed on the calling thread
+  // while the workers waited (~1.5 s of page faults and memset over a bench
+  // run of N = 2048 and 8192). extend_batch is not re-entered on its thread
+  // (an ExpertRunner does not call it), and every block is written before
+  // it is read.
   thread_local std::vector<float> X;
   thread_local LayerScratch scratch;
   std::vector<float> erow(static_cast<size_t>(D));
@@ -215,7 +216,7 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
       round_tokens.insert(round_tokens.end(), tokens[q].begin() + i0, tokens[q].begin() + i0 + n);
       rows += n;
     }
-    X.resize(size_t(rows * hc * D));
+    dsv4::scratch(X, size_t(rows * hc * D));
     for (const Segment& s : segs)
       for (int64_t i = 0; i < s.n; ++i) {
         model.weights.embed.dequant_row(s.tokens[i], erow.data());

@@ -127,7 +127,7 @@ void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const flo
   // writes every pair's row.
   MoeScratch local;
   std::vector<float>& y_routed = (scratch ? *scratch : local).y_routed;
-  if (y_routed.size() < size_t(n * k * D)) y_routed.resize(size_t(n * k * D));
+  dsv4::scratch(y_routed, size_t(n * k * D));
   if (runner) {
     runner->run_routed(w, c, x, n, r, y_routed.data());
   } else {
