@@ -191,8 +191,16 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
         const int64_t mc = std::min(MC, M - m0);
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
           const int64_t kc = std::min(KC, K - k0);
-          for (int64_t i = 0; i < mc; i += MR) {
-            const int rows = int(std::min<int64_t>(MR, mc - i));
+          // The chunk's rows in ceil(mc / MR) micro-tiles of near-equal
+          // height: 50 rows as 5 × 10, not 4 × 12 + 2. A short micro-tile
+          // has too few independent chains to hide the FMA latency (2 rows:
+          // 4 accumulators), and the routed experts' ~48-row products ended
+          // in one about every time. Which rows share a micro-tile changes
+          // no chain.
+          const int64_t tiles = (mc + MR - 1) / MR, base = mc / tiles, taller = mc % tiles;
+          for (int64_t ti = 0; ti < tiles; ++ti) {
+            const int rows = int(base + (ti < taller ? 1 : 0));
+            const int64_t i = ti * base + std::min(ti, taller);  // the first `taller` tiles have base + 1 rows
             const float* a = A + (m0 + i) * lda + k0;
             // Panels [g, g + n) on one kernel.
             auto run = [&](int64_t g, int n) {
