@@ -39,6 +39,7 @@
 #include "kernels/dot.h"
 #include "kernels/exp.h"
 #include "kernels/hadamard.h"
+#include "kernels/indexer_score.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -1006,6 +1007,48 @@ TEST(StageTopk, NanRanksBelowEveryNumber) {
   ASSERT_EQ(all.size(), 5u);
   EXPECT_EQ(std::vector<int32_t>(all.begin(), all.begin() + 3), (std::vector<int32_t>{1, 4, 3}));
   EXPECT_EQ((std::vector<int32_t>{std::min(all[3], all[4]), std::max(all[3], all[4])}), (std::vector<int32_t>{0, 2}));
+}
+
+// topk_set (the indexer's selection) is topk_indices' set in index order:
+// many ties, NaNs, ±0 and every k from 0 past n.
+TEST(StageTopk, SetEqualsSortedIndices) {
+  std::mt19937 rng(29);
+  for (int64_t n : {1, 7, 64, 333}) {
+    std::vector<float> s(static_cast<size_t>(n));
+    for (float& v : s) {
+      const uint32_t u = uint32_t(rng()) % 10;
+      v = u == 0 ? kNaN : u == 1 ? -0.0f : u == 2 ? 0.0f : float(int(rng() % 7) - 3);
+    }
+    for (int64_t k = 0; k <= n + 2; k += (n > 64 ? 17 : 1)) {
+      std::vector<int32_t> want = topk(s, k), got;
+      std::sort(want.begin(), want.end());
+      dsv4::topk_set(s.data(), n, k, &got);
+      ASSERT_EQ(got, want) << "n " << n << " k " << k;
+    }
+  }
+}
+
+// indexer_scores (vectorised) against its plain reference, bit for bit:
+// negative, ±0, NaN, infinite and rounding-tie products, row counts around
+// the 32-row blocks, a row stride above n.
+TEST(StageIndexerScores, FastEqualsReferenceBitwise) {
+  std::mt19937 rng(31);
+  for (int64_t n : {0, 5, 32, 63, 100}) {
+    const int heads = 7;
+    const int64_t ld = n + 3;
+    std::vector<float> dots(static_cast<size_t>(heads * ld)), w(heads);
+    for (float& v : dots) {
+      const uint32_t kind = uint32_t(rng()) % 12;
+      v = kind == 0 ? kNaN : kind == 1 ? -0.0f : kind == 2 ? kInfF : kind == 3 ? -kInfF
+          : dsv4::bits_f32((uint32_t(rng()) & 0xbfff0000u) | 0x3f000000u);  // bf16 values of either sign
+    }
+    for (float& v : w) v = dsv4::bits_f32((uint32_t(rng()) & 0x807f8000u) | 0x3e000000u);
+    std::vector<float> fast(static_cast<size_t>(n) + 1, 7.f), ref(static_cast<size_t>(n) + 1, 7.f);
+    dsv4::indexer_scores(dots.data(), ld, heads, w.data(), n, fast.data());
+    dsv4::indexer_scores_reference(dots.data(), ld, heads, w.data(), n, ref.data());
+    for (int64_t r = 0; r <= n; ++r)
+      ASSERT_EQ(dsv4::f32_bits(fast[size_t(r)]), dsv4::f32_bits(ref[size_t(r)])) << "n " << n << " row " << r;
+  }
 }
 
 TEST(StageTopk, KBeyondNAndZero) {

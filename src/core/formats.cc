@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <array>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "core/bf16_avx2.h"
 
 namespace dsv4 {
 
@@ -14,19 +12,7 @@ void bf16r_inplace(float* x, size_t n) { bf16r_copy(x, n, x); }
 void bf16r_copy(const float* x, size_t n, float* y) {
   size_t i = 0;
 #ifdef __AVX2__
-  // f32_to_bf16 8 lanes at a time: add 0x7fff plus the lowest kept bit (ties
-  // to even), clear the low half; NaNs keep their top bits and turn quiet.
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
-                hi = _mm256_set1_epi32(int32_t(0xffff0000u)), one = _mm256_set1_epi32(1),
-                half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x00400000);
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(half, lsb)), hi);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-    const __m256i nan_bits = _mm256_or_si256(_mm256_and_si256(u, hi), quiet);
-    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, nan_bits, nan)));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, bf16r8(_mm256_loadu_ps(x + i)));
 #endif
   for (; i < n; ++i) y[i] = bf16r(x[i]);
 }

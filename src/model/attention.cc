@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/hadamard.h"
+#include "kernels/indexer_score.h"
 #include "kernels/norm.h"
 #include "kernels/sparse_attention.h"
 #include "kernels/topk.h"
@@ -43,23 +44,21 @@ size_t AttentionState::bytes_held() const {
 
 void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
                     int topk, std::vector<int32_t>* chosen) {
+  if (n_visible <= topk) {  // every row is chosen, whatever the scores
+    chosen->resize(size_t(n_visible));
+    for (int64_t r = 0; r < n_visible; ++r) (*chosen)[size_t(r)] = int32_t(r);
+    return;
+  }
   // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
   // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
   thread_local std::vector<float> dots_buf, score_buf;
   float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
   float* const score = scratch(score_buf, size_t(n_visible));
-  if (n_visible > 0) {
-    const PairLoader row_pairs = dense_rows_pair_loader(idx_rows, di, n_visible, di);
-    gemm(qi, di, Hi, di, n_visible, dense_rows_loader(idx_rows, di, n_visible, di),
-         GemmOut{dots, n_visible, true}, /*parallel=*/false, &row_pairs);
-  }
-  for (int64_t r = 0; r < n_visible; ++r) {
-    float sum = 0.f;
-    for (int h = 0; h < Hi; ++h) sum += bf16r(std::max(dots[h * n_visible + r], 0.f) * wts[h]);
-    score[r] = bf16r(sum);
-  }
-  topk_indices(score, n_visible, topk, chosen);
-  std::sort(chosen->begin(), chosen->end());
+  const PairLoader row_pairs = dense_rows_pair_loader(idx_rows, di, n_visible, di);
+  gemm(qi, di, Hi, di, n_visible, dense_rows_loader(idx_rows, di, n_visible, di), GemmOut{dots, n_visible, true},
+       /*parallel=*/false, &row_pairs);
+  indexer_scores(dots, n_visible, Hi, wts, n_visible, score);
+  topk_set(score, n_visible, topk, chosen);
 }
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
