@@ -1,12 +1,13 @@
-// bf16r (core/formats.h) on 8 lanes, for AVX2 code. Every translation unit is
-// built with -mavx2 (the build floor), so this inline function has the
-// same code wherever the linker takes it from.
+// bf16r (core/formats.h) on 8 lanes, for AVX2 code. Internal linkage, as in
+// kernels/gemm_micro.h: a file built with AVX-512 flags that included it
+// must not give the linker an AVX-512 copy for the others.
 #pragma once
 
 #ifdef __AVX2__
 #include <immintrin.h>
 
 namespace dsv4 {
+namespace {
 
 // f32_to_bf16 then back to fp32, per lane: add 0x7fff plus the lowest kept
 // bit (ties to even), clear the low half; NaNs keep their top bits and turn
@@ -23,5 +24,6 @@ inline __m256 bf16r8(__m256 x) {
   return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, nan_bits, nan));
 }
 
+}  // namespace
 }  // namespace dsv4
 #endif

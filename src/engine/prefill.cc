@@ -1,12 +1,11 @@
 #include "engine/prefill.h"
 
-#include "core/scratch.h"
-
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "core/stage_timer.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
