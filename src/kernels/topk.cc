@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace dsv4 {
 
@@ -24,7 +25,7 @@ struct Better {
 void topk_indices(const float* score, int64_t n, int64_t k, std::vector<int32_t>* out) {
   k = std::min(k, n);
   out->resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) (*out)[i] = int32_t(i);
+  std::iota(out->begin(), out->end(), 0);
   std::partial_sort(out->begin(), out->begin() + k, out->end(), Better{score});
   out->resize(static_cast<size_t>(k));
 }
@@ -32,7 +33,7 @@ void topk_indices(const float* score, int64_t n, int64_t k, std::vector<int32_t>
 void topk_set(const float* score, int64_t n, int64_t k, std::vector<int32_t>* out) {
   k = std::min(k, n);
   out->resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) (*out)[i] = int32_t(i);
+  std::iota(out->begin(), out->end(), 0);
   if (k < n) std::nth_element(out->begin(), out->begin() + k, out->end(), Better{score});
   out->resize(static_cast<size_t>(k));
   std::sort(out->begin(), out->end());

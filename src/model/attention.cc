@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <cmath>
+#include <numeric>
 
 #include "core/formats.h"
 #include "core/scratch.h"
@@ -46,7 +47,7 @@ void indexer_select(const float* qi, const float* wts, const float* idx_rows, in
                     int topk, std::vector<int32_t>* chosen) {
   if (n_visible <= topk) {  // every row is chosen, whatever the scores
     chosen->resize(size_t(n_visible));
-    for (int64_t r = 0; r < n_visible; ++r) (*chosen)[size_t(r)] = int32_t(r);
+    std::iota(chosen->begin(), chosen->end(), 0);
     return;
   }
   // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
