@@ -75,19 +75,29 @@ MicroKernel micro_kernel(Isa isa) {
 
 std::atomic<int64_t> g_dot_panels{0};
 
+// Row stride (dwords) of the packed A pairs: an odd number of 64-byte lines.
+// A micro-tile reads its rows in step, and rows a multiple of 4 KB apart
+// (K = 4096: 8 KB) all fall in one L1 set, which holds only 8 lines on
+// Zen 4: 12 rows then evict each other at every k step. An odd number of
+// lines puts 64 consecutive rows in 64 different sets.
+int64_t pair_row_stride(int64_t kp) {
+  const int64_t lines = (kp + 15) / 16;
+  return 16 * (lines | 1);
+}
+
 // Packs A into bf16 pairs (Isa::kAvx512Bf16): true when the BF16 kernel may
 // read it; *min_exponent as gemm_pack_rows_bf16 gives it. Rows in blocks
 // over the pool.
-bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, bool parallel, std::vector<uint32_t>& out,
-                  int* min_exponent) {
+bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, int64_t ldp, bool parallel,
+                  std::vector<uint32_t>& out, int* min_exponent) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  const int64_t KH = (K + 1) / 2, rows_per_block = 32, blocks = (M + rows_per_block - 1) / rows_per_block;
-  if (out.size() < size_t(M * KH)) out.resize(size_t(M * KH));
+  const int64_t rows_per_block = 32, blocks = (M + rows_per_block - 1) / rows_per_block;
+  if (out.size() < size_t(M * ldp)) out.resize(size_t(M * ldp));
   std::vector<int> ok(static_cast<size_t>(blocks)), exps(static_cast<size_t>(blocks));
   auto pack = [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t m0 = b * rows_per_block, rows = std::min(rows_per_block, M - m0);
-      ok[size_t(b)] = gemm_pack_rows_bf16(A + m0 * lda, lda, rows, K, out.data() + m0 * KH, &exps[size_t(b)]);
+      ok[size_t(b)] = gemm_pack_rows_bf16(A + m0 * lda, lda, rows, K, out.data() + m0 * ldp, ldp, &exps[size_t(b)]);
     }
   };
   if (parallel)
@@ -101,7 +111,7 @@ bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, bool parall
   }
   return true;
 #else
-  (void)A, (void)lda, (void)M, (void)K, (void)parallel, (void)out, (void)min_exponent;
+  (void)A, (void)lda, (void)M, (void)K, (void)ldp, (void)parallel, (void)out, (void)min_exponent;
   return false;
 #endif
 }
@@ -146,8 +156,8 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   thread_local std::vector<uint32_t> a_pairs;
   std::vector<uint32_t>& Ap = a_pairs;
   int a_exp = 255;
-  const bool dot = kernel_isa() == Isa::kAvx512Bf16 && pack_a_pairs(A, lda, M, K, parallel, Ap, &a_exp);
-  const int64_t KH = (K + 1) / 2;
+  const int64_t KH = (K + 1) / 2, ldp = pair_row_stride(KH);
+  const bool dot = kernel_isa() == Isa::kAvx512Bf16 && pack_a_pairs(A, lda, M, K, ldp, parallel, Ap, &a_exp);
   static_assert(KC % 2 == 0, "k blocks start on a pair");
   // Each task: GP panels (dequantised once, for all M), then per chunk of
   // MC rows, per k block, each micro-tile of A against each panel.
@@ -207,7 +217,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
               float* c = C.data() + i * ldc + g * NR;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
               if (pairs[g])
-                return gemm_micro_rows_avx512bf16(rows, n, Ap.data() + (m0 + i) * KH + k0 / 2, KH,
+                return gemm_micro_rows_avx512bf16(rows, n, Ap.data() + (m0 + i) * ldp + k0 / 2, ldp,
                                                   Bp.data() + g * KH * NR + (k0 / 2) * NR, KH * NR, (kc + 1) / 2, c,
                                                   ldc, k0 == 0);
 #endif

@@ -119,12 +119,13 @@ bool gemm_pack_panel_bf16(const float* panel, int64_t K, uint32_t* out, int* min
   return check.exact(min_exponent);
 }
 
-bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int* min_exponent) {
+bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int64_t ldo,
+                         int* min_exponent) {
   const int64_t kp = (K + 1) / 2;
   PairCheck check;
   for (int64_t m = 0; m < rows; ++m) {  // sixteen pairs at a time
     const float* a = A + m * lda;
-    uint32_t* o = out + m * kp;
+    uint32_t* o = out + m * ldo;
     int64_t j = 0;
     for (; 2 * j + 32 <= K; j += 16) {
       const __m512i lo = _mm512_loadu_si512(a + 2 * j), hi = _mm512_loadu_si512(a + 2 * j + 16);

@@ -96,8 +96,9 @@ void gemm_micro_rows_avx512bf16(int rows, int panels, const uint32_t* A, int64_t
 // smallest biased exponent of the non-zero values (255 when there are none).
 bool gemm_pack_panel_bf16(const float* panel, int64_t K, uint32_t* out, int* min_exponent);
 // Packs `rows` rows of K fp32 values (stride lda) into rows of ceil(K/2)
-// pairs, with the same check.
-bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int* min_exponent);
+// pairs (stride ldo dwords), with the same check.
+bool gemm_pack_rows_bf16(const float* A, int64_t lda, int64_t rows, int64_t K, uint32_t* out, int64_t ldo,
+                         int* min_exponent);
 // The panel of B rows rows[0..15] (null: a zero row), K fp32 values each,
 // straight into [ceil(K/2)][16] pairs, with the same check: what a gather
 // into an fp32 panel and gemm_pack_panel_bf16 give, in one pass.
