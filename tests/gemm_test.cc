@@ -28,7 +28,8 @@ TEST(Gemm, FastEqualsReferenceBitwise) {
   std::normal_distribution<float> nd;
   for (auto [M, K, N] : {std::array<int64_t, 3>{1, 1, 1}, {3, 17, 5}, {4, 64, 16}, {7, 100, 33},
                          {200, 256, 50}, {385, 129, 47}, {600, 64, 17},
-                         {13, 2500, 37}}) {  // K over one k block: the chains continue across blocks
+                         {13, 2500, 37},  // K over one k block: the chains continue across blocks
+                         {29, 1536, 40}}) {  // rows 6 KB apart: the fp32 kernels read a padded copy of A
     std::vector<float> A(size_t(M * K)), B(size_t(N * K));
     for (float& v : A) v = nd(rng);
     for (float& v : B) v = nd(rng);
@@ -65,7 +66,8 @@ TEST(Gemm, Bf16OperandsEqualReferenceBitwise) {
   auto bf16_value = [&](float scale) { return bf16r(nd(rng) * scale); };
   const int64_t dot_before = gemm_dot_panel_count();
   for (auto [M, K, N] : {std::array<int64_t, 3>{1, 1, 1}, {3, 17, 5}, {13, 64, 33}, {25, 257, 47},
-                         {200, 256, 64}, {30, 2500, 37}, {7, 2049, 19}, {385, 130, 20}, {400, 2100, 40}}) {
+                         {200, 256, 64}, {30, 2500, 37}, {7, 2049, 19}, {385, 130, 20}, {400, 2100, 40},
+                         {27, 1024, 40}}) {  // 32 lines of pairs per row, packed 33 apart
     std::vector<float> A(size_t(M * K)), B(size_t(N * K));
     for (float& v : A) v = bf16_value(1.f);
     for (float& v : B) v = bf16_value(0.05f);
