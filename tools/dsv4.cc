@@ -129,8 +129,10 @@ commands:
               Hangul, digits, emoji, whitespace)
       --model DIR [--chars N (default 30000)] [--file F] [--reps R (default 20)]
   bench       prefill tokens/s, seconds per stage, model GFLOP/s against the
-              measured peak (fp32 FMA microbenchmark on all threads: BF16 runs
-              as bf16->fp32 + fp32 FMA), the engine's BF16 GEMM against
+              measured peak (a microbenchmark of the GEMM kernels' arithmetic
+              on all threads: vdpbf16ps where they use it, else fp32 FMA on
+              the widest vectors; the larger of a measurement at the start
+              and one at the end), the engine's BF16 GEMM against
               OpenBLAS on prefill shapes, and the conversion kernels (weight
               panel dequantisation, FP8 activation quantisation, bf16
               rounding) against their plain references
