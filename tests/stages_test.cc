@@ -1510,7 +1510,9 @@ std::vector<float> ref_index_scores(const std::vector<float>& qi, const std::vec
 std::vector<int32_t> index_select(const std::vector<float>& qi, const std::vector<float>& w, const std::vector<float>& rows,
                             int64_t n_visible, int Hi, int di, int topk_n) {
   std::vector<int32_t> chosen;
-  dsv4::indexer_select(qi.data(), w.data(), rows.data(), n_visible, Hi, di, topk_n, &chosen);
+  dsv4::IndexerRows packed;
+  packed.pack(rows.data(), int64_t(rows.size()) / di, di);
+  dsv4::indexer_select(qi.data(), w.data(), packed, n_visible, Hi, topk_n, &chosen);
   return chosen;
 }
 
@@ -1574,6 +1576,34 @@ TEST(StageIndexer, NeverSelectsBeyondVisibleRows) {
   EXPECT_TRUE(std::is_sorted(three.begin(), three.end()));
   for (int32_t c : three) EXPECT_LT(c, visible);
   EXPECT_TRUE(index_select(qi, w, rows, 0, Hi, di, 3).empty());
+}
+
+// The tile's rows are packed once for all its queries, so a query's panels
+// also hold rows past its n_visible: they must change nothing, whether they
+// are bf16 values (the BF16 kernel), not bf16 values (that panel goes to the
+// fp32 kernel) or tiny (the BF16 kernel declines for lack of exponent
+// range). Every kernel variant against the rows cut at n_visible.
+TEST(StageIndexer, PackedRowsPastVisibleChangeNothing) {
+  const dsv4::Isa best = dsv4::kernel_isa();
+  Rng rng(251);
+  const int Hi = 8, di = 64;
+  const int64_t stored = 70;
+  const std::vector<float> qi = rng.bf16_vec(size_t(Hi * di), -1, 1), w = rng.bf16_vec(size_t(Hi), -1, 1);
+  for (int hidden_row : {0, 1, 2}) {  // 0: bf16, 1: not bf16, 2: tiny
+    for (int64_t visible : {17, 33, 50, 64}) {
+      std::vector<float> rows = rng.bf16_vec(size_t(stored * di), -1, 1);
+      if (hidden_row == 1) rows[size_t(visible * di + 3)] = 0.1f;
+      if (hidden_row == 2) rows[size_t(visible * di + 3)] = 0x1p-120f;
+      const std::vector<float> cut(rows.begin(), rows.begin() + visible * di);
+      for (dsv4::Isa isa : dsv4::supported_isas()) {
+        dsv4::set_kernel_isa(isa);
+        for (int k : {1, 5, int(visible / 2)})
+          EXPECT_EQ(index_select(qi, w, rows, visible, Hi, di, k), index_select(qi, w, cut, visible, Hi, di, k))
+              << dsv4::isa_name(isa) << " hidden row kind " << hidden_row << " visible " << visible << " k " << k;
+      }
+      dsv4::set_kernel_isa(best);
+    }
+  }
 }
 
 // ===========================================================================

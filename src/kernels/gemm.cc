@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -122,7 +123,7 @@ bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, int64_t ldp
 int64_t gemm_dot_panel_count() { return g_dot_panels.load(std::memory_order_relaxed); }
 
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
-          bool parallel, const PairLoader* load_pairs) {
+          bool parallel, const PairLoader* load_pairs, const PairSource* pair_source) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // empty sums
     for (int64_t m = 0; m < M; ++m) std::fill(out.c + m * out.ldc, out.c + m * out.ldc + N, 0.f);
@@ -141,7 +142,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
   if (N >= 2048 && MS >= 2 * MC && M > MS && M * K * 4 > (int64_t(4) << 20)) {
     for (int64_t m0 = 0; m0 < M; m0 += MS)
       gemm(A + m0 * lda, lda, std::min(MS, M - m0), K, N, load, GemmOut{out.c + m0 * out.ldc, out.ldc, out.bf16},
-           parallel, load_pairs);
+           parallel, load_pairs, pair_source);
     return;
   }
   const int64_t panels = (N + NR - 1) / NR, tasks = (panels + GP - 1) / GP;
@@ -192,24 +193,34 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t p0 = t * GP, np = std::min(GP, panels - p0);
       const int64_t n0 = p0 * NR, nc = std::min(np * NR, N - n0);
-      // pairs[g]: panel g runs on the BF16 kernel (from Bp), else on the
+      // pairs[g]: panel g runs on the BF16 kernel (from bp[g]), else on the
       // fp32 one (from B).
       bool pairs[GP] = {};
+      const uint32_t* bp[GP] = {};
       int64_t dot_panels = 0;
       for (int64_t g = 0; g < np; ++g) {
         float* b = B.data() + g * K * NR;
         bool loaded = false;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
         if (dot) {
-          uint32_t* bp = Bp.data() + g * KH * NR;
+          uint32_t* own = Bp.data() + g * KH * NR;
+          bp[g] = own;
           int e = 255;
-          // Straight to pairs where the loader can, else through the fp32
-          // panel.
-          bool exact = load_pairs && (*load_pairs)((p0 + g) * NR, bp, &e);
+          // Where the pairs already are, else straight to pairs where the
+          // loader can, else through the fp32 panel.
+          bool exact = false;
+          if (pair_source) {
+            if (const uint32_t* src = (*pair_source)((p0 + g) * NR, &e)) {
+              bp[g] = src;
+              exact = true;
+            }
+          } else {
+            exact = load_pairs && (*load_pairs)((p0 + g) * NR, own, &e);
+          }
           if (!exact) {
             load((p0 + g) * NR, b);
             loaded = true;
-            exact = gemm_pack_panel_bf16(b, K, bp, &e);
+            exact = gemm_pack_panel_bf16(b, K, own, &e);
           }
           pairs[g] = exact && a_exp + e >= kDotMinBiasedExponentSum;
           dot_panels += pairs[g];
@@ -237,10 +248,15 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
             auto run = [&](int64_t g, int n) {
               float* c = C.data() + i * ldc + g * NR;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-              if (pairs[g])
+              if (pairs[g]) {
+                // Two panels: the second one's dwords lie this far from the
+                // first's (they may be in different buffers).
+                const int64_t pstride =
+                    n == 2 ? int64_t(reinterpret_cast<intptr_t>(bp[g + 1]) - reinterpret_cast<intptr_t>(bp[g])) / 4
+                           : 0;
                 return gemm_micro_rows_avx512bf16(rows, n, Ap.data() + (m0 + i) * ldp + k0 / 2, ldp,
-                                                  Bp.data() + g * KH * NR + (k0 / 2) * NR, KH * NR, (kc + 1) / 2, c,
-                                                  ldc, k0 == 0);
+                                                  bp[g] + (k0 / 2) * NR, pstride, (kc + 1) / 2, c, ldc, k0 == 0);
+              }
 #endif
               mk.rows(rows, n, a, lda, B.data() + g * K * NR + k0 * NR, K * NR, kc, c, ldc, k0 == 0);
             };

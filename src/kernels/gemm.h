@@ -34,6 +34,12 @@ using PanelLoader = std::function<void(int64_t n0, float* panel)>;
 // lower bound of the non-zero values' biased exponents.
 using PairLoader = std::function<bool(int64_t n0, uint32_t* pairs, int* min_exponent)>;
 
+// Optional, in place of a PairLoader: returns where panel n0's pairs
+// already are (laid out as a PairLoader writes them), or null where they
+// are not exact bf16 values (gemm then loads the fp32 panel). For operands
+// packed once and multiplied many times (the indexer's rows).
+using PairSource = std::function<const uint32_t*(int64_t n0, int* min_exponent)>;
+
 struct GemmOut {
   float* c = nullptr;
   int64_t ldc = 0;
@@ -42,7 +48,7 @@ struct GemmOut {
 
 // Threads split the work by panels; results do not depend on the split.
 void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load, const GemmOut& out,
-          bool parallel = true, const PairLoader* load_pairs = nullptr);
+          bool parallel = true, const PairLoader* load_pairs = nullptr, const PairSource* pair_source = nullptr);
 
 // Panels the BF16 dot-product kernel has taken since the process started
 // (Isa::kAvx512Bf16): lets tests see that the path ran.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/cpu.h"
 #include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
@@ -43,8 +44,27 @@ size_t AttentionState::bytes_held() const {
   return window.bytes_held() + comp.bytes_held() + idx_comp.bytes_held();
 }
 
-void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
-                    int topk, std::vector<int32_t>* chosen) {
+void IndexerRows::pack(const float* r, int64_t count, int d) {
+  rows = r;
+  n = count;
+  di = d;
+  const int64_t panels = (n + kGemmNR - 1) / kGemmNR, size = int64_t(di + 1) / 2 * kGemmNR;
+  if (pairs.size() < size_t(panels * size)) pairs.resize(size_t(panels * size));
+  min_exponent.assign(size_t(panels), 255);
+  exact.assign(size_t(panels), 0);
+  // Without the BF16 kernel no panel is packed: the products load fp32
+  // panels.
+  if (kernel_isa() != Isa::kAvx512Bf16) return;
+  std::vector<const float*> row_ptrs(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) row_ptrs[size_t(j)] = rows + j * di;
+  parallel_for_each(panels, [&](int64_t p) {
+    exact[size_t(p)] = gathered_rows_pairs(row_ptrs.data(), n, di, p * kGemmNR, pairs.data() + p * size,
+                                           &min_exponent[size_t(p)]);
+  });
+}
+
+void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
+                    std::vector<int32_t>* chosen) {
   if (n_visible <= topk) {  // every row is chosen, whatever the scores
     chosen->resize(size_t(n_visible));
     std::iota(chosen->begin(), chosen->end(), 0);
@@ -52,12 +72,21 @@ void indexer_select(const float* qi, const float* wts, const float* idx_rows, in
   }
   // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
   // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
+  // The panels hold rows past n_visible too: their columns are not written,
+  // and an output's chain does not depend on the other columns.
+  const int di = rows.di;
   thread_local std::vector<float> dots_buf, score_buf;
   float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
   float* const score = scratch(score_buf, size_t(n_visible));
-  const PairLoader row_pairs = dense_rows_pair_loader(idx_rows, di, n_visible, di);
-  gemm(qi, di, Hi, di, n_visible, dense_rows_loader(idx_rows, di, n_visible, di), GemmOut{dots, n_visible, true},
-       /*parallel=*/false, &row_pairs);
+  const int64_t panel_size = int64_t(di + 1) / 2 * kGemmNR;
+  const PairSource packed = [&](int64_t n0, int* min_exponent) -> const uint32_t* {
+    const size_t p = size_t(n0 / kGemmNR);
+    if (!rows.exact[p]) return nullptr;
+    *min_exponent = rows.min_exponent[p];
+    return rows.pairs.data() + int64_t(p) * panel_size;
+  };
+  gemm(qi, di, Hi, di, n_visible, dense_rows_loader(rows.rows, di, n_visible, di), GemmOut{dots, n_visible, true},
+       /*parallel=*/false, nullptr, &packed);
   indexer_scores(dots, n_visible, Hi, wts, n_visible, score);
   topk_set(score, n_visible, topk, chosen);
 }
@@ -158,9 +187,15 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
       stage.emplace(Stage::kIndexer);
       float* const idx_rows = scratch(idx_buf, size_t(vis * di));
       st.idx_comp.read_rows(vis, int(di), idx_rows);
+      // Kept per thread from tile to tile; the queries' tasks on other
+      // threads reach it through the reference (a thread_local name in the
+      // lambda would be their own).
+      thread_local IndexerRows packed_rows;
+      IndexerRows& packed = packed_rows;
+      packed.pack(idx_rows, vis, int(di));
       parallel_for_each(nt, [&](int64_t i) {
-        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, idx_rows, (pt + i + 1) / ratio, int(Hi),
-                       int(di), c.index_topk, &chosen[size_t(i)]);
+        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, packed, (pt + i + 1) / ratio, int(Hi),
+                       c.index_topk, &chosen[size_t(i)]);
       });
     }
 

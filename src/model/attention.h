@@ -36,10 +36,24 @@ struct AttentionState {
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
                        const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out);
 
+// The indexer rows visible to a tile [n][di], also packed once as gemm
+// pair panels (kernels/gemm.h PairSource) for every query's score product:
+// packing them per query cost as much as ~15% of the indexer's products.
+struct IndexerRows {
+  const float* rows = nullptr;
+  int64_t n = 0;
+  int di = 0;
+  std::vector<uint32_t> pairs;  // panel p: [ceil(di/2)][16] pairs of rows [16p, 16p + 16)
+  std::vector<int> min_exponent;
+  std::vector<uint8_t> exact;  // 0: that panel is loaded as fp32 per query
+  void pack(const float* rows, int64_t n, int di);
+};
+
 // Lightning indexer selection for one query (MODEL.md §8.3–8.4): scores the
-// n_visible indexer rows with the query's prepared heads qi [Hi][di] and
-// weights wts [Hi], and returns the chosen row indices in ascending order.
-void indexer_select(const float* qi, const float* wts, const float* idx_rows, int64_t n_visible, int Hi, int di,
-                    int topk, std::vector<int32_t>* chosen);
+// first n_visible (<= rows.n) indexer rows with the query's prepared heads
+// qi [Hi][di] and weights wts [Hi], and returns the chosen row indices in
+// ascending order.
+void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
+                    std::vector<int32_t>* chosen);
 
 }  // namespace dsv4
