@@ -196,8 +196,8 @@ void expect_pair_panels(const Weight& w, Expected expected, const std::string& w
   }
 }
 
-// Rows given by pointers and row-major rows (the
-// indexer's) straight to pairs, against the pairs and exponent bound taken
+// Rows given by pointers (the indexer's, packed once per tile) and
+// row-major rows straight to pairs, against the pairs and exponent bound taken
 // from the values one by one: every K tail (masked loads; each row its own
 // allocation, so a read past K shows under ASan), partial panels, and
 // refusal of inexact, subnormal and infinite values.
