@@ -57,7 +57,8 @@ TEST(Gemm, FastEqualsReferenceBitwise) {
 // activations times power-of-two scales) and BF16 weights are: the BF16
 // dot-product kernel (Isa::kAvx512Bf16) takes them and must still give the
 // reference's bits. Odd K (a padded last pair), K over one k block, row and
-// panel tails; with a pair loader too, and with one inexact B value, which
+// panel tails; with a pair loader, and with panels packed beforehand (a
+// PairSource), too; and with one inexact B value, which
 // sends its panel to the fp32 kernel.
 TEST(Gemm, Bf16OperandsEqualReferenceBitwise) {
   const Isa best = kernel_isa();
@@ -78,13 +79,29 @@ TEST(Gemm, Bf16OperandsEqualReferenceBitwise) {
     gemm_reference(A.data(), K, M, K, N, load, GemmOut{ref.data(), N, false});
     for (Isa isa : supported_isas()) {
       set_kernel_isa(isa);
+      // B also packed once and handed over in place (PairSource), every
+      // third panel declined (loaded and packed per call): a two-panel
+      // micro-tile then reads from two buffers.
+      const int64_t KH = (K + 1) / 2, panels = (N + kGemmNR - 1) / kGemmNR;
+      std::vector<uint32_t> packed(static_cast<size_t>(panels * KH * kGemmNR));
+      std::vector<int> exps(static_cast<size_t>(panels));
+      std::vector<bool> have(static_cast<size_t>(panels));
+      for (int64_t p = 0; p < panels; ++p)
+        have[size_t(p)] = p % 3 != 1 && load_pairs(p * kGemmNR, packed.data() + p * KH * kGemmNR, &exps[size_t(p)]);
+      const PairSource source = [&](int64_t n0, int* e) -> const uint32_t* {
+        const int64_t p = n0 / kGemmNR;
+        if (!have[size_t(p)]) return nullptr;
+        *e = exps[size_t(p)];
+        return packed.data() + p * KH * kGemmNR;
+      };
       for (int threads : {1, 2})
-        for (bool pairs : {false, true}) {
+        for (int how : {0, 1, 2}) {  // fp32 panels only, a PairLoader, a PairSource
           ThreadPool::set_threads(threads);
           std::fill(fast.begin(), fast.end(), -1.f);
-          gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, false}, true, pairs ? &load_pairs : nullptr);
+          gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, false}, true, how == 1 ? &load_pairs : nullptr,
+               how == 2 ? &source : nullptr);
           EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0)
-              << M << "x" << K << "x" << N << " " << isa_name(isa) << " threads " << threads << " pairs " << pairs;
+              << M << "x" << K << "x" << N << " " << isa_name(isa) << " threads " << threads << " B " << how;
         }
     }
     set_kernel_isa(best);
@@ -94,45 +111,6 @@ TEST(Gemm, Bf16OperandsEqualReferenceBitwise) {
   if (have.back() == Isa::kAvx512Bf16) {
     EXPECT_GT(gemm_dot_panel_count(), dot_before) << "the BF16 kernel never ran";
   }
-}
-
-// B packed once and handed over in place (PairSource): panels from the
-// source and panels it declines (null: loaded and packed per call) side by
-// side, so that a two-panel micro-tile reads from two buffers.
-TEST(Gemm, PairSourceEqualsReferenceBitwise) {
-  const Isa best = kernel_isa();
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd;
-  const int64_t M = 37, K = 300, N = 150, KH = (K + 1) / 2, panels = (N + kGemmNR - 1) / kGemmNR;
-  std::vector<float> A(size_t(M * K)), B(size_t(N * K));
-  for (float& v : A) v = bf16r(nd(rng));
-  for (float& v : B) v = bf16r(nd(rng) * 0.05f);
-  auto load = dense_rows_loader(B.data(), K, N, K);
-  const PairLoader load_pairs = dense_rows_pair_loader(B.data(), K, N, K);
-  std::vector<float> ref(size_t(M * N)), fast(size_t(M * N));
-  gemm_reference(A.data(), K, M, K, N, load, GemmOut{ref.data(), N, true});
-  for (Isa isa : supported_isas()) {
-    set_kernel_isa(isa);
-    std::vector<uint32_t> packed(static_cast<size_t>(panels * KH * kGemmNR));
-    std::vector<int> exps(static_cast<size_t>(panels));
-    std::vector<bool> have(static_cast<size_t>(panels));
-    for (int64_t p = 0; p < panels; ++p)
-      have[size_t(p)] = p % 3 != 1 && load_pairs(p * kGemmNR, packed.data() + p * KH * kGemmNR, &exps[size_t(p)]);
-    const PairSource source = [&](int64_t n0, int* e) -> const uint32_t* {
-      const int64_t p = n0 / kGemmNR;
-      if (!have[size_t(p)]) return nullptr;
-      *e = exps[size_t(p)];
-      return packed.data() + p * KH * kGemmNR;
-    };
-    for (int threads : {1, 2}) {
-      ThreadPool::set_threads(threads);
-      std::fill(fast.begin(), fast.end(), -1.f);
-      gemm(A.data(), K, M, K, N, load, GemmOut{fast.data(), N, true}, true, nullptr, &source);
-      EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * 4), 0) << isa_name(isa) << " threads " << threads;
-    }
-  }
-  set_kernel_isa(best);
-  ThreadPool::set_threads(0);
 }
 
 // Where the BF16 kernel would flush a subnormal product to zero, gemm must

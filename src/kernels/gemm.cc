@@ -76,6 +76,15 @@ MicroKernel micro_kernel(Isa isa) {
 
 std::atomic<int64_t> g_dot_panels{0};
 
+// fn(i0, i1, thread) over [0, n): on the pool, or on this thread alone.
+template <class Fn>
+void for_ranges(bool parallel, int64_t n, const Fn& fn) {
+  if (parallel)
+    ThreadPool::global().parallel_for(n, fn);
+  else
+    fn(0, n, 0);
+}
+
 // Row stride for a copy of rows of n 4-byte values (A's bf16 pairs or fp32
 // values): an odd number of 64-byte lines. A micro-tile reads its rows in
 // step, and rows a multiple of 4 KB apart (K = 4096: pairs 8 KB, fp32
@@ -102,10 +111,7 @@ bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, int64_t ldp
       ok[size_t(b)] = gemm_pack_rows_bf16(A + m0 * lda, lda, rows, K, out.data() + m0 * ldp, ldp, &exps[size_t(b)]);
     }
   };
-  if (parallel)
-    ThreadPool::global().parallel_for(blocks, pack);
-  else
-    pack(0, blocks, 0);
+  for_ranges(parallel, blocks, pack);
   *min_exponent = 255;
   for (int64_t b = 0; b < blocks; ++b) {
     if (!ok[size_t(b)]) return false;
@@ -171,13 +177,9 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
     const int64_t ld = padded_row_stride(K);
     if (a_rows.size() < size_t(M * ld)) a_rows.resize(size_t(M * ld));
     float* dst = a_rows.data();
-    auto copy = [&](int64_t r0, int64_t r1, int) {
+    for_ranges(parallel, M, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) std::copy(A + r * lda, A + r * lda + K, dst + r * ld);
-    };
-    if (parallel)
-      ThreadPool::global().parallel_for(M, copy);
-    else
-      copy(0, M, 0);
+    });
     A = dst;
     lda = ld;
   }
@@ -283,10 +285,7 @@ void gemm(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const Pa
       }
     }
   };
-  if (parallel)
-    ThreadPool::global().parallel_for(tasks, body);
-  else
-    body(0, tasks, 0);
+  for_ranges(parallel, tasks, body);
 }
 
 void gemm_reference(const float* A, int64_t lda, int64_t M, int64_t K, int64_t N, const PanelLoader& load,

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/cpu.h"
 #include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
@@ -52,15 +51,19 @@ void IndexerRows::pack(const float* r, int64_t count, int d) {
   if (pairs.size() < size_t(panels * size)) pairs.resize(size_t(panels * size));
   min_exponent.assign(size_t(panels), 255);
   exact.assign(size_t(panels), 0);
-  // Without the BF16 kernel no panel is packed: the products load fp32
-  // panels.
-  if (kernel_isa() != Isa::kAvx512Bf16) return;
-  std::vector<const float*> row_ptrs(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) row_ptrs[size_t(j)] = rows + j * di;
+  // Without the BF16 kernel the loader takes no panel: the products then
+  // load fp32 panels.
+  const PairLoader load = dense_rows_pair_loader(rows, di, n, di);
   parallel_for_each(panels, [&](int64_t p) {
-    exact[size_t(p)] = gathered_rows_pairs(row_ptrs.data(), n, di, p * kGemmNR, pairs.data() + p * size,
-                                           &min_exponent[size_t(p)]);
+    exact[size_t(p)] = load(p * kGemmNR, pairs.data() + p * size, &min_exponent[size_t(p)]);
   });
+}
+
+const uint32_t* IndexerRows::panel(int64_t n0, int* min_exp) const {
+  const int64_t p = n0 / kGemmNR;
+  if (!exact[size_t(p)]) return nullptr;
+  *min_exp = min_exponent[size_t(p)];
+  return pairs.data() + p * (int64_t(di + 1) / 2 * kGemmNR);
 }
 
 void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
@@ -78,13 +81,7 @@ void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, 
   thread_local std::vector<float> dots_buf, score_buf;
   float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
   float* const score = scratch(score_buf, size_t(n_visible));
-  const int64_t panel_size = int64_t(di + 1) / 2 * kGemmNR;
-  const PairSource packed = [&](int64_t n0, int* min_exponent) -> const uint32_t* {
-    const size_t p = size_t(n0 / kGemmNR);
-    if (!rows.exact[p]) return nullptr;
-    *min_exponent = rows.min_exponent[p];
-    return rows.pairs.data() + int64_t(p) * panel_size;
-  };
+  const PairSource packed = [&](int64_t n0, int* min_exponent) { return rows.panel(n0, min_exponent); };
   gemm(qi, di, Hi, di, n_visible, dense_rows_loader(rows.rows, di, n_visible, di), GemmOut{dots, n_visible, true},
        /*parallel=*/false, nullptr, &packed);
   indexer_scores(dots, n_visible, Hi, wts, n_visible, score);

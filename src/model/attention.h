@@ -47,6 +47,8 @@ struct IndexerRows {
   std::vector<int> min_exponent;
   std::vector<uint8_t> exact;  // 0: that panel is loaded as fp32 per query
   void pack(const float* rows, int64_t n, int di);
+  // The PairSource answer for the panel of rows [n0, n0 + 16).
+  const uint32_t* panel(int64_t n0, int* min_exponent) const;
 };
 
 // Lightning indexer selection for one query (MODEL.md §8.3–8.4): scores the
