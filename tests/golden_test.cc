@@ -110,38 +110,19 @@ TEST_P(GoldenEndToEnd, MeetsTolerances) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenEndToEnd, ::testing::Values(127, 128, 129, 300, 777, 2100));
 
-// README tolerance set 2 (N = 1, 5: rel L2 <= 1e-3). Disabled: the golden
-// rows of these two cases contradict the other six. Position 0 holds token 0
-// in every case, so a causal forward must give the same hidden row 0 for all
-// eight; the goldens for N = 127…2100 agree with each other and with this
-// engine bit for bit at row 0, while N = 1 and 5 differ from them by 5.6%
-// rel L2 (test GoldenData.RowZeroDependsOnPromptLength below shows it).
-// Most of it is one discrete flip: in the last layer, row 0's second and
-// third biased gate scores differ by 3e-4 (1.05284 vs 1.052542), and taking
-// the third expert instead brings N = 1 from 5.6e-2 to 6.7e-3. What is left
-// (~1e-2 per row at N = 5, where the N >= 127 goldens match this engine
-// bitwise) is the size of any one rounding change (golden README, noise
-// floor), so the reference's short-prompt run differs from its long ones in
-// some rounding point that this engine cannot tell from the data.
-TEST(GoldenShortPrompts, DISABLED_MeetTightTolerances) {
+// README tolerance set 2 (N = 1, 5): these goldens are causal prefixes of
+// longer runs (the reference rounds differently inside attention for prompts
+// under 8 tokens; its README says why), so a causal engine must meet them as
+// tightly as summation-order changes allow: rel L2 <= 1e-3, argmax equal.
+TEST(GoldenShortPrompts, MeetTightTolerances) {
   for (int n : {1, 5}) {
     CaseResult c = run_case(n);
+    ASSERT_EQ(c.n, n);
     EXPECT_LE(rel_l2(c.hidden, c.golden_hidden), 1e-3) << "N=" << n;
     EXPECT_LE(rel_l2(c.logits, c.golden_logits), 1e-3) << "N=" << n;
-  }
-}
-
-// Documents the inconsistency above so that a corrected golden set is noticed.
-TEST(GoldenData, RowZeroDependsOnPromptLength) {
-  const std::vector<float> ref = read_npy(case_dir(300) + "/hidden_final.npy").data;
-  const size_t D = 256;
-  for (int n : {127, 128, 129, 777, 2100}) {
-    auto h = read_npy(case_dir(n) + "/hidden_final.npy").data;
-    EXPECT_EQ(rel_l2(h.data(), ref.data(), D), 0.0) << n;
-  }
-  for (int n : {1, 5}) {
-    auto h = read_npy(case_dir(n) + "/hidden_final.npy").data;
-    EXPECT_GT(rel_l2(h.data(), ref.data(), D), 1e-2) << n;
+    const auto best = std::max_element(c.logits.begin(), c.logits.end()) - c.logits.begin();
+    const auto gbest = std::max_element(c.golden_logits.begin(), c.golden_logits.end()) - c.golden_logits.begin();
+    EXPECT_EQ(best, gbest) << "N=" << n;
   }
 }
 
