@@ -384,7 +384,7 @@ PrefillRun bench_prefill(const Model& m, int64_t n, int64_t tile_tokens, int64_t
   r.seconds = since(t0);
   r.stages = StageTimes::global().seconds;
   r.flops = prefill_flops(m.config, n);
-  r.checksum = fnv1a64(res.logits.data(), res.logits.size());
+  r.checksum = logits_checksum(res.logits);
   r.next_token = res.next_token;
   return r;
 }
@@ -397,16 +397,6 @@ std::vector<GemmShape> BenchOptions::default_gemm_shapes() {
   // 2048-row chunk (where A no longer stays in cache between tasks).
   return {{512, 4096, 512},   {512, 4096, 4096},   {512, 1024, 4096}, {512, 4096, 32768},
           {2048, 4096, 512},  {2048, 1024, 4096},  {2048, 4096, 4096}};
-}
-
-uint64_t fnv1a64(const float* v, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v);
-  for (size_t i = 0; i < n * sizeof(float); ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
 }
 
 namespace {
@@ -494,7 +484,7 @@ int run_bench_ep(const BenchOptions& o) {
       std::vector<PrefillResult> res = extend_batch(*full, ptr, all, po);
       t1 = since(t0);
       for (int r = 0; r < R; ++r) {
-        ref_logits[size_t(r)] = fnv1a64(res[size_t(r)].logits.data(), res[size_t(r)].logits.size());
+        ref_logits[size_t(r)] = logits_checksum(res[size_t(r)].logits);
         ref_cache[size_t(r)] = cache_checksum(*full, st[size_t(r)]);
       }
     }
@@ -520,7 +510,7 @@ int run_bench_ep(const BenchOptions& o) {
     if (me != 0) continue;
     bool identical = got.size() == size_t(R);
     for (const dist::RequestOutcome& g : got)
-      identical = identical && fnv1a64(g.logits.data(), g.logits.size()) == ref_logits[size_t(g.index)] &&
+      identical = identical && logits_checksum(g.logits) == ref_logits[size_t(g.index)] &&
                   g.cache_checksum == ref_cache[size_t(g.index)];
     json steps = json::array();
     for (size_t i = 0; i < t.step_bytes.size(); ++i)

@@ -4,10 +4,12 @@
 // engine's BF16 GEMM against OpenBLAS's cblas_sbgemm on prefill shapes, and
 // the conversion kernels against their plain references.
 #pragma once
-#include "engine/prefill.h"
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/arith.h"
+#include "engine/prefill.h"
 
 namespace dsv4 {
 
@@ -41,7 +43,9 @@ std::vector<GemmShape> parse_gemm_shapes(const std::string& s);
 // stderr when it is a terminal); returns the exit code.
 int run_bench(const BenchOptions& o);
 
-// FNV-1a 64 over the bytes of n floats.
-uint64_t fnv1a64(const float* v, size_t n);
+// FNV-1a 64 over the bytes of the logits: bench's "same bits" check.
+inline uint64_t logits_checksum(const std::vector<float>& logits) {
+  return fnv1a64(logits.data(), logits.size() * sizeof(float));
+}
 
 }  // namespace dsv4

@@ -12,9 +12,4 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Throws dsv4::Error(msg) unless cond holds.
-inline void require(bool cond, const std::string& msg) {
-  if (!cond) throw Error(msg);
-}
-
 }  // namespace dsv4

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/arith.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/scratch.h"
@@ -290,9 +291,8 @@ std::vector<uint8_t> cache_contents(const Model& m, const RequestState& st) {
 }
 
 uint64_t cache_checksum(const Model& m, const RequestState& st) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint8_t b : cache_contents(m, st)) h = (h ^ b) * 1099511628211ull;
-  return h;
+  const std::vector<uint8_t> bytes = cache_contents(m, st);
+  return fnv1a64(bytes.data(), bytes.size());
 }
 
 PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts,

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/arith.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/thread_pool.h"
@@ -156,9 +157,7 @@ inline uint64_t mix64(uint64_t z) {
 constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
 
 uint64_t stream_key(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
-  return mix64(h ^ mix64(seed + kGamma));
+  return mix64(fnv1a64(name.data(), name.size()) ^ mix64(seed + kGamma));
 }
 // Word i of a stream.
 inline uint64_t stream_word(uint64_t key, uint64_t i) { return mix64(key + (i + 1) * kGamma); }
