@@ -681,17 +681,7 @@ std::vector<DType> accepted_dtypes(const TensorSpec& s) {
 std::vector<std::string> check_checkpoint(const Checkpoint& ck, const ModelConfig& c, std::set<std::string>* used) {
   std::vector<std::string> problems;
   for (const TensorSpec& s : checkpoint_tensor_specs(c)) {
-    std::string name = s.name;
-    // The older names load_weights also takes.
-    auto alias = [&](const std::string& suffix, const std::string& other) {
-      if (!ck.has(name) && name.size() > suffix.size() &&
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        const std::string alt = name.substr(0, name.size() - suffix.size()) + other;
-        if (ck.has(alt)) name = alt;
-      }
-    };
-    alias(".scale", ".weight_scale_inv");
-    alias("gate.bias", "gate.e_score_correction_bias");
+    const std::string name = ck.resolve(s.name);
     const TensorView* t = ck.find(name);
     if (!t) {
       problems.push_back("missing tensor '" + s.name + "' (" + dtype_name(s.dtype) + " " + shape_str(s.shape) + ")");

@@ -221,6 +221,19 @@ const TensorView* Checkpoint::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+std::string Checkpoint::resolve(const std::string& name) const {
+  static const std::pair<const char*, const char*> kOlderSpellings[] = {
+      {".scale", ".weight_scale_inv"}, {"gate.bias", "gate.e_score_correction_bias"}};
+  if (has(name)) return name;
+  for (const auto& [official, older] : kOlderSpellings) {
+    const std::string suffix = official;
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    std::string alt = name.substr(0, name.size() - suffix.size()) + older;
+    if (has(alt)) return alt;
+  }
+  return name;
+}
+
 const TensorView& Checkpoint::get_any(const std::string& name, const std::vector<DType>& dtypes,
                                       const Shape& shape) const {
   const TensorView* v = find(name);

@@ -66,6 +66,12 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   const TensorView* find(const std::string& name) const;
+  // The name under which this checkpoint stores the tensor that CHECKPOINT.md
+  // calls `name`: `name` itself when present, else its older spelling when
+  // that is present (`.weight_scale_inv` for `.scale`,
+  // `gate.e_score_correction_bias` for `gate.bias`), else `name` (so that a
+  // missing tensor is reported under its official name).
+  std::string resolve(const std::string& name) const;
   // The named tensor, which must exist and have this dtype and shape.
   const TensorView& get(const std::string& name, DType dtype, const Shape& shape) const;
   // Like get, with a choice of dtypes.

@@ -321,11 +321,7 @@ Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind
   w.in = in;
   w.block = block;
   const std::string wn = prefix + ".weight";
-  auto scale_name = [&]() {
-    std::string s = prefix + ".scale";
-    if (!ck.has(s) && ck.has(prefix + ".weight_scale_inv")) s = prefix + ".weight_scale_inv";
-    return s;
-  };
+  auto scale_name = [&]() { return ck.resolve(prefix + ".scale"); };
   switch (kind) {
     case Weight::Kind::kF32:
       w.data = ck.get(wn, DType::kF32, {out, in}).data;

@@ -122,9 +122,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
         f.tid2eid[i] = int32_t(v);
       }
     } else {
-      std::string bn = ck.has(fp + "gate.bias") || !ck.has(fp + "gate.e_score_correction_bias")
-                           ? fp + "gate.bias" : fp + "gate.e_score_correction_bias";
-      f.gate_bias = load_vector(ck, bn, {E}, {DType::kF32, DType::kBF16});
+      f.gate_bias = load_vector(ck, ck.resolve(fp + "gate.bias"), {E}, {DType::kF32, DType::kBF16});
     }
     f.experts.resize(static_cast<size_t>(E));
     for (int64_t e = e0; e < e1; ++e)
