@@ -17,7 +17,7 @@
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 #include "targets.h"
 
 using namespace dsv4;

@@ -33,7 +33,7 @@
 #include "io/token_list.h"
 #include "io/tokenizer.h"
 #include "kernels/rope.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 
 namespace dsv4::fuzz {
 

@@ -41,7 +41,7 @@
 #include "io/safetensors.h"
 #include "io/token_list.h"
 #include "io/weight_check.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 #include "test_util.h"
 
 extern char** environ;

@@ -28,7 +28,7 @@
 #include "engine/prefill.h"
 #include "io/safetensors.h"
 #include "model/model.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 
 using namespace dsv4;
 using nlohmann::json;

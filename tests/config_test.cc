@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "io/config.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 
 using namespace dsv4;
 using nlohmann::json;

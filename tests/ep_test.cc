@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "dist/ep.h"
 #include "model/model.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 #include "test_util.h"
 
 namespace dsv4 {

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "engine/flops.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 
 namespace dsv4 {
 namespace {

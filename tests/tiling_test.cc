@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/prefill.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 #include "test_util.h"
 
 namespace dsv4 {

@@ -1,4 +1,4 @@
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 
 #include <algorithm>
 #include <cmath>
