@@ -259,34 +259,81 @@ int64_t MpiExpertRunner::agree_rounds(int64_t local) {
   return all;
 }
 
-void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n,
-                                 const Routing& r, float* y) {
-  const double t_start = now_s();
-  double comm_s = 0;
-  const int R = ranks_;
-  const int64_t D = c.hidden_size, k = c.num_experts_per_tok, P = n * k;
-  if (c.n_routed_experts != n_experts_)
-    throw Error("expert parallelism: runner made for " + std::to_string(n_experts_) + " experts, model has " +
-                std::to_string(c.n_routed_experts));
-  comm_->ensure_types(D);
-  const int64_t pair_bytes = 8 + 2 * D, out_bytes = 2 * D;
+// One MoE step's traffic plan: where each routed pair goes and, per rank,
+// how many pairs go there and come from there, with their offsets.
+struct ExchangePlan {
+  std::vector<int> dest, send_n, recv_n, send_off, recv_off;
+  int64_t n_send = 0, n_recv = 0;
+};
 
-  // Where each pair goes, and how many go to each rank.
-  std::vector<int> dest(static_cast<size_t>(P)), send_n(size_t(R), 0), recv_n(size_t(R), 0);
+namespace {
+
+// Lays out offsets for the counts already in the plan.
+void lay_out(ExchangePlan& p) {
+  const size_t R = p.send_n.size();
+  p.send_off.assign(R, 0);
+  p.recv_off.assign(R, 0);
+  for (size_t d = 0; d < R; ++d) {
+    p.send_off[d] = to_int(p.n_send, "pairs per step");
+    p.recv_off[d] = to_int(p.n_recv, "pairs per step");
+    p.n_send += p.send_n[d];
+    p.n_recv += p.recv_n[d];
+  }
+}
+
+// Writes the pairs by destination, in ascending pair index: (int32 expert,
+// fp32 weight, bf16 row [D]) each.
+std::vector<uint8_t> pack_pairs(const ExchangePlan& p, const Routing& r, const float* x, int64_t P, int64_t k,
+                                int64_t D) {
+  const int64_t pair_bytes = 8 + 2 * D;
+  std::vector<uint8_t> sbuf(static_cast<size_t>(p.n_send * pair_bytes));
+  std::vector<int64_t> cur(p.send_off.begin(), p.send_off.end());
+  for (int64_t i = 0; i < P; ++i) {
+    uint8_t* q = sbuf.data() + cur[size_t(p.dest[size_t(i)])]++ * pair_bytes;
+    const int32_t e = r.expert[size_t(i)];
+    const float wt = r.weight[size_t(i)];
+    std::memcpy(q, &e, 4);
+    std::memcpy(q + 4, &wt, 4);
+    const float* row = x + (i / k) * D;
+    for (int64_t ch = 0; ch < D; ++ch) {
+      const uint16_t h = exact_bf16(row[ch]);
+      std::memcpy(q + 8 + 2 * ch, &h, 2);
+    }
+  }
+  return sbuf;
+}
+
+// bf16 rows [n][D] back to fp32.
+void unpack_rows(const uint8_t* src, int64_t n, int64_t D, size_t stride, size_t offset, float* dst) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t ch = 0; ch < D; ++ch) {
+      uint16_t h;
+      std::memcpy(&h, src + size_t(j) * stride + offset + 2 * size_t(ch), 2);
+      dst[j * D + ch] = bf16_to_f32(h);
+    }
+}
+
+}  // namespace
+
+// Steps 1-2 of the header comment: where each pair goes, and the (step,
+// count) header exchange that checks every rank is at the same step.
+void MpiExpertRunner::plan_exchange(const Routing& r, int64_t P, ExchangePlan& plan, double& comm_s) {
+  const int R = ranks_;
+  plan.dest.resize(size_t(P));
+  plan.send_n.assign(size_t(R), 0);
+  plan.recv_n.assign(size_t(R), 0);
   for (int64_t i = 0; i < P; ++i) {
     const int32_t e = r.expert[size_t(i)];
     if (e < 0 || e >= n_experts_) throw Error("expert parallelism: routed to expert " + std::to_string(e));
-    dest[size_t(i)] = int(e / per_rank_);
-    ++send_n[size_t(dest[size_t(i)])];
+    plan.dest[size_t(i)] = int(e / per_rank_);
+    ++plan.send_n[size_t(plan.dest[size_t(i)])];
   }
-
-  // (step, count) to every rank; every rank must be at the same step.
   std::vector<int64_t> hdr_out(static_cast<size_t>(2 * R)), hdr_in(static_cast<size_t>(2 * R));
   for (int d = 0; d < R; ++d) {
     hdr_out[size_t(2 * d)] = step_;
-    hdr_out[size_t(2 * d + 1)] = send_n[size_t(d)];
+    hdr_out[size_t(2 * d + 1)] = plan.send_n[size_t(d)];
   }
-  double t0 = now_s();
+  const double t0 = now_s();
   MPI_Alltoall(hdr_out.data(), 2, MPI_INT64_T, hdr_in.data(), 2, MPI_INT64_T, comm_->comm);
   comm_s += now_s() - t0;
   for (int s = 0; s < R; ++s) {
@@ -294,41 +341,16 @@ void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, cons
       throw Error("expert parallelism: rank " + std::to_string(s) + " is at MoE step " +
                   std::to_string(hdr_in[size_t(2 * s)]) + " while rank " + std::to_string(rank_) + " is at step " +
                   std::to_string(step_) + " (ranks out of lockstep)");
-    recv_n[size_t(s)] = to_int(hdr_in[size_t(2 * s + 1)], "pair count");
+    plan.recv_n[size_t(s)] = to_int(hdr_in[size_t(2 * s + 1)], "pair count");
   }
-  std::vector<int> send_off(size_t(R), 0), recv_off(size_t(R), 0);
-  int64_t n_send = 0, n_recv = 0;
-  for (int d = 0; d < R; ++d) {
-    send_off[size_t(d)] = to_int(n_send, "pairs per step");
-    recv_off[size_t(d)] = to_int(n_recv, "pairs per step");
-    n_send += send_n[size_t(d)];
-    n_recv += recv_n[size_t(d)];
-  }
+  lay_out(plan);
+}
 
-  // Pack the pairs by destination, in ascending pair index.
-  std::vector<uint8_t> sbuf(static_cast<size_t>(n_send * pair_bytes));
-  std::vector<uint8_t> rbuf(static_cast<size_t>(n_recv * pair_bytes));
-  {
-    std::vector<int64_t> cur(send_off.begin(), send_off.end());
-    for (int64_t i = 0; i < P; ++i) {
-      uint8_t* p = sbuf.data() + cur[size_t(dest[size_t(i)])]++ * pair_bytes;
-      const int32_t e = r.expert[size_t(i)];
-      const float wt = r.weight[size_t(i)];
-      std::memcpy(p, &e, 4);
-      std::memcpy(p + 4, &wt, 4);
-      const float* row = x + (i / k) * D;
-      for (int64_t ch = 0; ch < D; ++ch) {
-        const uint16_t h = exact_bf16(row[ch]);
-        std::memcpy(p + 8 + 2 * ch, &h, 2);
-      }
-    }
-  }
-  t0 = now_s();
-  MPI_Alltoallv(sbuf.data(), send_n.data(), send_off.data(), comm_->pair_dt, rbuf.data(), recv_n.data(),
-                recv_off.data(), comm_->pair_dt, comm_->comm);
-  comm_s += now_s() - t0;
-
-  // Run the held experts on what arrived: source rank order, then pair order.
+// Step 4: the held experts on the received pairs (source rank order, then
+// pair order); returns their bf16 outputs, one row per pair.
+std::vector<uint8_t> MpiExpertRunner::run_received(const MoeWeights& w, const ModelConfig& c,
+                                                   const std::vector<uint8_t>& rbuf, int64_t n_recv) {
+  const int64_t D = c.hidden_size, pair_bytes = 8 + 2 * D;
   std::vector<float> xr(static_cast<size_t>(n_recv * D)), yr(static_cast<size_t>(n_recv * D));
   std::vector<float> wr(static_cast<size_t>(n_recv));
   std::vector<int32_t> er(static_cast<size_t>(n_recv));
@@ -340,50 +362,63 @@ void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, cons
     if (er[size_t(j)] < e0_ || er[size_t(j)] >= e1_ || !w.experts[size_t(er[size_t(j)])].w1.data)
       throw Error("expert parallelism: rank " + std::to_string(rank_) + " received a pair for expert " +
                   std::to_string(er[size_t(j)]) + ", which it does not hold");
-    for (int64_t ch = 0; ch < D; ++ch) {
-      uint16_t h;
-      std::memcpy(&h, p + 8 + 2 * ch, 2);
-      xr[size_t(j * D + ch)] = bf16_to_f32(h);
-    }
     rows[size_t(j)] = xr.data() + j * D;
   }
+  unpack_rows(rbuf.data(), n_recv, D, size_t(pair_bytes), 8, xr.data());
   if (n_recv > 0) run_experts_local(w, c, rows.data(), er.data(), wr.data(), n_recv, yr.data());
-
-  // Send the outputs back in the order they came.
-  std::vector<uint8_t> obuf(static_cast<size_t>(n_recv * out_bytes));
-  std::vector<uint8_t> bbuf(static_cast<size_t>(n_send * out_bytes));
+  std::vector<uint8_t> obuf(static_cast<size_t>(n_recv * 2 * D));
   for (int64_t j = 0; j < n_recv * D; ++j) {
     const uint16_t h = exact_bf16(yr[size_t(j)]);
     std::memcpy(obuf.data() + 2 * j, &h, 2);
   }
-  t0 = now_s();
-  MPI_Alltoallv(obuf.data(), recv_n.data(), recv_off.data(), comm_->out_dt, bbuf.data(), send_n.data(),
-                send_off.data(), comm_->out_dt, comm_->comm);
-  comm_s += now_s() - t0;
-  {
-    std::vector<int64_t> cur(send_off.begin(), send_off.end());
-    for (int64_t i = 0; i < P; ++i) {
-      const uint8_t* p = bbuf.data() + cur[size_t(dest[size_t(i)])]++ * out_bytes;
-      for (int64_t ch = 0; ch < D; ++ch) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * ch, 2);
-        y[i * D + ch] = bf16_to_f32(h);
-      }
-    }
-  }
+  return obuf;
+}
 
+void MpiExpertRunner::record_step(const ExchangePlan& plan, int64_t D, double comm_s, double t_start) {
+  const uint64_t pair_bytes = uint64_t(8 + 2 * D), out_bytes = uint64_t(2 * D);
+  const uint64_t hdr_bytes = uint64_t(ranks_ - 1) * 16;
+  const uint64_t sent_away = uint64_t(plan.n_send - plan.send_n[size_t(rank_)]);
+  const uint64_t received_from_others = uint64_t(plan.n_recv - plan.recv_n[size_t(rank_)]);
   StepStats st;
-  st.pairs_sent = n_send;
-  st.pairs_received = n_recv;
-  const uint64_t hdr_bytes = uint64_t(R - 1) * 16;
-  st.bytes_sent = hdr_bytes + uint64_t(n_send - send_n[size_t(rank_)]) * uint64_t(pair_bytes) +
-                  uint64_t(n_recv - recv_n[size_t(rank_)]) * uint64_t(out_bytes);
-  st.bytes_received = hdr_bytes + uint64_t(n_recv - recv_n[size_t(rank_)]) * uint64_t(pair_bytes) +
-                      uint64_t(n_send - send_n[size_t(rank_)]) * uint64_t(out_bytes);
+  st.pairs_sent = plan.n_send;
+  st.pairs_received = plan.n_recv;
+  st.bytes_sent = hdr_bytes + sent_away * pair_bytes + received_from_others * out_bytes;
+  st.bytes_received = hdr_bytes + received_from_others * pair_bytes + sent_away * out_bytes;
   st.comm_seconds = comm_s;
   st.total_seconds = now_s() - t_start;
   steps_.push_back(st);
   ++step_;
+}
+
+void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n,
+                                 const Routing& r, float* y) {
+  const double t_start = now_s();
+  double comm_s = 0;
+  const int64_t D = c.hidden_size, k = c.num_experts_per_tok, P = n * k;
+  if (c.n_routed_experts != n_experts_)
+    throw Error("expert parallelism: runner made for " + std::to_string(n_experts_) + " experts, model has " +
+                std::to_string(c.n_routed_experts));
+  comm_->ensure_types(D);
+  ExchangePlan plan;
+  plan_exchange(r, P, plan, comm_s);
+  // Step 3: the pairs to the experts' owners.
+  const std::vector<uint8_t> sbuf = pack_pairs(plan, r, x, P, k, D);
+  std::vector<uint8_t> rbuf(static_cast<size_t>(plan.n_recv * (8 + 2 * D)));
+  double t0 = now_s();
+  MPI_Alltoallv(sbuf.data(), plan.send_n.data(), plan.send_off.data(), comm_->pair_dt, rbuf.data(),
+                plan.recv_n.data(), plan.recv_off.data(), comm_->pair_dt, comm_->comm);
+  comm_s += now_s() - t0;
+  const std::vector<uint8_t> obuf = run_received(w, c, rbuf, plan.n_recv);
+  // Step 5: the outputs back in the order they came, then into y by pair.
+  std::vector<uint8_t> bbuf(static_cast<size_t>(plan.n_send * 2 * D));
+  t0 = now_s();
+  MPI_Alltoallv(obuf.data(), plan.recv_n.data(), plan.recv_off.data(), comm_->out_dt, bbuf.data(),
+                plan.send_n.data(), plan.send_off.data(), comm_->out_dt, comm_->comm);
+  comm_s += now_s() - t0;
+  std::vector<int64_t> cur(plan.send_off.begin(), plan.send_off.end());
+  for (int64_t i = 0; i < P; ++i)
+    unpack_rows(bbuf.data() + cur[size_t(plan.dest[size_t(i)])]++ * 2 * D, 1, D, 0, 0, y + i * D);
+  record_step(plan, D, comm_s, t_start);
 }
 
 EpTotals MpiExpertRunner::totals() const {

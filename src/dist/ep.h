@@ -27,32 +27,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "dist/mpi.h"
 #include "model/moe.h"
 #include "model/weights.h"
 
 namespace dsv4::dist {
-
-// ---- The MPI world ---------------------------------------------------------
-
-// True when this process was started by mpirun/mpiexec (Open MPI, MPICH or
-// PMIx environment variables), so that the CLI should join the MPI job.
-bool launched_by_mpi();
-// MPI_Init_thread (funneled) once; a no-op when already initialised.
-void init();
-// True between init() and finalize().
-bool active();
-int rank();  // 0 when not active
-int size();  // 1 when not active
-// MPI_Finalize when active.
-void finalize();
-// MPI_Barrier on MPI_COMM_WORLD (nothing when not active).
-void barrier();
-// Ends the whole job with `code` (MPI_Abort on MPI_COMM_WORLD when active,
-// else std::exit).
-[[noreturn]] void abort_job(int code);
 
 // The routed experts rank `k` of `R` holds; throws dsv4::Error naming both
 // numbers when E is not divisible by R.
@@ -63,49 +44,9 @@ ExpertRange expert_range(int64_t n_experts, int rank, int ranks);
 // what a rank maps and checks.
 bool holds_tensor(const std::string& name, ExpertRange held);
 
-// Round-robin assignment: request i runs on rank i % R.
-inline int owner_of_request(int64_t i, int ranks) { return int(i % ranks); }
-// The indices of the requests rank `k` runs, ascending.
-std::vector<int64_t> requests_of_rank(int64_t n_requests, int rank, int ranks);
-
-// ---- Results gathered on rank 0 --------------------------------------------
-
-struct RequestOutcome {
-  int64_t index = 0;        // position in the request list
-  int64_t n_tokens = 0;
-  int32_t next_token = -1;
-  uint64_t cache_bytes = 0;
-  uint64_t cache_checksum = 0;
-  double seconds = 0;
-  std::string error;        // empty: it succeeded
-  std::vector<float> logits;  // [vocab] (empty on error)
-};
-
-// Collective over MPI_COMM_WORLD: every rank passes its own outcomes; rank 0
-// gets all of them sorted by index, the other ranks an empty list.
-std::vector<RequestOutcome> gather_outcomes(const std::vector<RequestOutcome>& local);
-
 // ---- The runner -------------------------------------------------------------
 
-// One MoE step as seen by this rank.
-struct StepStats {
-  int64_t pairs_sent = 0, pairs_received = 0;  // (row, expert) pairs, self included
-  uint64_t bytes_sent = 0, bytes_received = 0;  // both all-to-alls, other ranks only
-  double comm_seconds = 0;   // inside the collectives (waiting for peers included)
-  double total_seconds = 0;  // the whole run_routed call
-};
-
-// Totals over steps, for reporting.
-struct EpTotals {
-  int64_t steps = 0;
-  uint64_t bytes_sent = 0, bytes_received = 0;
-  double comm_seconds = 0, total_seconds = 0;
-  double wall_seconds = 0;  // reduce_totals: the slowest rank's prefill time
-  // Per MoE step (reduce_totals only): bytes sent by all ranks together, and
-  // the slowest rank's seconds inside the collectives.
-  std::vector<uint64_t> step_bytes;
-  std::vector<double> step_comm_seconds;
-};
+struct ExchangePlan;  // one MoE step's traffic (ep.cc)
 
 class MpiExpertRunner : public ExpertRunner {
  public:
@@ -119,6 +60,9 @@ class MpiExpertRunner : public ExpertRunner {
   void run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n, const Routing& r,
                   float* y) override;
   int64_t agree_rounds(int64_t local) override;
+  // Forgets the per-step statistics (the step count that keeps the ranks in
+  // lockstep goes on).
+  void clear_stats() { steps_.clear(); }
 
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }
@@ -130,6 +74,10 @@ class MpiExpertRunner : public ExpertRunner {
   EpTotals reduce_totals(double wall_seconds = 0) const;
 
  private:
+  void plan_exchange(const Routing& r, int64_t pairs, ExchangePlan& plan, double& comm_s);
+  std::vector<uint8_t> run_received(const MoeWeights& w, const ModelConfig& c, const std::vector<uint8_t>& rbuf,
+                                    int64_t n_recv);
+  void record_step(const ExchangePlan& plan, int64_t D, double comm_s, double t_start);
   struct Comm;
   std::unique_ptr<Comm> comm_;
   int rank_ = 0, ranks_ = 1;
