@@ -30,7 +30,7 @@
 #include "kernels/gemm.h"
 #include "kernels/linear.h"
 #include "model/model.h"
-#include "model/synthetic.h"
+#include "io/synthetic.h"
 
 #ifdef DSV4_HAVE_OPENBLAS
 #include <cblas.h>

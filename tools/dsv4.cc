@@ -22,17 +22,19 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/memory_usage.h"
 #include "core/stage_timer.h"
-#include "core/thread_pool.h"
-#include "dist/ep.h"
-#include "engine/prefill.h"
+#include "dist/mpi.h"
+#include "engine/engine.h"
+#include "io/checkpoint_check.h"
 #include "io/mapping_guard.h"
 #include "io/npy.h"
+#include "io/safetensors.h"
+#include "io/sample_text.h"
+#include "io/synthetic.h"
+#include "io/text_file.h"
 #include "io/token_list.h"
-#include "io/weight_check.h"
 #include "io/tokenizer.h"
-#include "model/model.h"
-#include "model/synthetic.h"
 #include "bench.h"
 
 using namespace dsv4;
@@ -181,7 +183,18 @@ struct Args {
     if (v.empty() || *end) throw Error("option --" + k + " needs an integer, got '" + v + "'");
     return x;
   }
+  // An integer option that must lie in [lo, hi] (`hi_text` spells hi in the
+  // message, e.g. "2^30").
+  int64_t get_int_in(const std::string& k, int64_t d, int64_t lo, int64_t hi, const std::string& hi_text = "") const {
+    const int64_t v = get_int(k, d);
+    if (v < lo || v > hi)
+      throw Error("--" + k + " must be in [" + std::to_string(lo) + ", " + (hi_text.empty() ? std::to_string(hi) : hi_text) +
+                  "], got " + std::to_string(v));
+    return v;
+  }
 };
+
+constexpr int64_t kMaxCount = int64_t(1) << 30;  // bound of the count options (layers, experts, MB, ...)
 
 const std::vector<std::string> kFlags = {"json", "ignore-eos", "check-weights", "chat", "think", "skip-special", "ep-stats"};
 
@@ -203,8 +216,16 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// The JSON token-list reader lives in io/token_list (fuzzed: fuzz/tokens_fuzz.cc).
-std::vector<int32_t> read_tokens_file(const std::string& path) { return read_token_list(path); }
+void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
+  for (auto& kv : a.opts)
+    if (std::find(allowed.begin(), allowed.end(), kv.first) == allowed.end())
+      throw Error("unknown option --" + kv.first + " for '" + a.command + "' (see dsv4 --help)");
+}
+
+// --threads N (1..1024); 0 when not given: the pool as it is.
+int threads_option(const Args& a) { return a.has("threads") ? int(a.get_int_in("threads", 0, 1, 1024)) : 0; }
+
+// ---- Prompts ---------------------------------------------------------------------
 
 std::vector<int32_t> bytes_to_tokens(const std::string& text, const ModelConfig& c) {
   std::vector<int32_t> t{c.bos_token_id};
@@ -223,11 +244,13 @@ std::string prompt_text(const Args& a) {
 // The prompt's token ids. With a tokenizer, a plain --prompt gets a BOS in
 // front (DeepSeek's tokenizer_config.json has add_bos_token: true), unless
 // the text already starts with one; --chat brings its own.
-std::vector<int32_t> prompt_tokens(const Args& a, const ModelConfig& c, const Tokenizer* tok) {
+std::vector<int32_t> prompt_tokens(const Args& a, const Engine& engine) {
+  const ModelConfig& c = engine.config();
+  const Tokenizer* tok = engine.tokenizer();
   if (!a.has("chat") && (a.has("think") || a.has("system"))) throw Error("--think and --system need --chat");
   if (a.has("tokens")) {
     if (a.has("chat")) throw Error("--chat needs --prompt TEXT (--tokens are used as they are)");
-    return read_tokens_file(a.get("tokens"));
+    return read_token_list(a.get("tokens"));
   }
   if (!tok) {
     if (a.has("chat")) throw Error("--chat needs a tokenizer.json in " + a.get("model"));
@@ -241,111 +264,204 @@ std::vector<int32_t> prompt_tokens(const Args& a, const ModelConfig& c, const To
   return t;
 }
 
-// DIR/tokenizer.json, checked against the model's vocabulary, or null.
-std::unique_ptr<Tokenizer> model_tokenizer(const std::string& dir, const ModelConfig& c) {
-  if (!Tokenizer::present_in(dir)) return nullptr;
-  auto tok = Tokenizer::load(dir);
-  if (tok->size() > c.vocab_size)
-    throw Error((std::filesystem::path(dir) / "tokenizer.json").string() + " has token ids up to " +
-                std::to_string(tok->size() - 1) + " but config.json has vocab_size " + std::to_string(c.vocab_size));
-  return tok;
-}
-
 // A token's text for display: quoted, escaped, invalid UTF-8 as U+FFFD.
 std::string token_display(const Tokenizer& tok, int32_t id) {
   const int32_t one[1] = {id};
   return json(utf8_lossy(tok.decode(one))).dump();
 }
 
-void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
-  for (auto& kv : a.opts)
-    if (std::find(allowed.begin(), allowed.end(), kv.first) == allowed.end())
-      throw Error("unknown option --" + kv.first + " for '" + a.command + "' (see dsv4 --help)");
-}
+// ---- The engine ------------------------------------------------------------------
 
-// What prefill and generate share: the model, the prompt and the tile walk.
-struct Request {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;  // DIR/tokenizer.json, when there is one
-  std::vector<int32_t> tokens;
-  PrefillOptions opts;
-  int64_t pool_mb = 0;  // --cache-pool-mb; 0 = exactly what the request needs
-
-  std::unique_ptr<CachePool> make_pool(int64_t positions) const {
-    if (pool_mb > 0) return std::make_unique<CachePool>(size_t(pool_mb) << 20);
-    return pool_for_request(*model, positions);
-  }
-};
-
-size_t peak_rss_bytes() {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-// Bytes of the mapped checkpoint files resident in this process now (the
-// Rss of every .safetensors mapping in /proc/self/smaps): the checkpoint
-// bytes the run has touched. 0 where /proc is not available.
-size_t checkpoint_rss_bytes() {
-  std::ifstream f("/proc/self/smaps");
-  std::string line;
-  bool in_checkpoint = false;
-  size_t kb = 0;
-  while (std::getline(f, line)) {
-    if (!line.empty() && std::isxdigit((unsigned char)line[0]) && line.find('-') != std::string::npos &&
-        line.find(' ') > line.find('-')) {  // a mapping's header line: "start-end perms offset dev inode path"
-      const std::string suffix = ".safetensors";
-      in_checkpoint = line.size() >= suffix.size() && line.compare(line.size() - suffix.size(), suffix.size(), suffix) == 0;
-    } else if (in_checkpoint && line.rfind("Rss:", 0) == 0) {
-      kb += std::strtoull(line.c_str() + 4, nullptr, 10);
-    }
-  }
-  return kb * 1024;
-}
-
-// The options prefill and generate share, and the model. The prompt itself
-// comes from --tokens / --prompt (load_request) or --requests.
-Request load_engine(const Args& a) {
+// The engine options prefill and generate share; under mpirun, prefill
+// --requests runs expert-parallel.
+std::unique_ptr<Engine> load_engine(const Args& a, bool expert_parallel = false) {
   if (!a.has("model")) throw Error(a.command + " needs --model DIR");
-  if (a.has("threads")) {
-    const int64_t t = a.get_int("threads", 0);
-    if (t < 1 || t > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(t));
-    ThreadPool::set_threads(int(t));
-  }
-  Request r;
-  r.opts.tile_tokens = a.get_int("tile-tokens", 128);
-  if (r.opts.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
-  r.opts.chunk_tokens = a.get_int("chunk-tokens", r.opts.chunk_tokens);
-  if (r.opts.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
-  r.opts.max_prompt = a.get_int("max-prompt", 0);
-  if (r.opts.max_prompt < 0) throw Error("--max-prompt must be >= 0");
-  r.pool_mb = a.get_int("cache-pool-mb", 0);
-  if (r.pool_mb < 0 || r.pool_mb > (int64_t(1) << 30)) throw Error("--cache-pool-mb must be in [0, 2^30]");
-  // Under mpirun, this rank's share of the routed experts only (src/dist/ep.h).
-  ExpertRange held;
-  if (dist::active()) {
-    const ModelConfig cfg = ModelConfig::load((std::filesystem::path(a.get("model")) / "config.json").string());
-    held = dist::expert_range(cfg.n_routed_experts, dist::rank(), dist::size());
-  }
-  r.model = Model::load(a.get("model"), held);
-  // The engine does not use the MTP block (mtp.*): it is not scanned; nor are
-  // the routed experts another rank holds.
-  if (a.has("check-weights"))
-    check_weights_finite(r.model->checkpoint, [held](const std::string& n) {
-      return n.rfind("mtp.", 0) != 0 && dist::holds_tensor(n, held);
-    });
-  r.tokenizer = model_tokenizer(a.get("model"), r.model->config);
-  return r;
+  EngineOptions o;
+  o.model_dir = a.get("model");
+  o.threads = threads_option(a);
+  o.tile_tokens = a.get_int("tile-tokens", o.tile_tokens);
+  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  o.chunk_tokens = a.get_int("chunk-tokens", o.chunk_tokens);
+  if (o.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
+  o.max_positions = a.get_int("max-prompt", 0);
+  if (o.max_positions < 0) throw Error("--max-prompt must be >= 0");
+  o.check_weights = a.has("check-weights");
+  o.expert_parallel = expert_parallel;
+  a.get_int_in("cache-pool-mb", 0, 0, kMaxCount, "2^30");  // checked before the model is read
+  return Engine::load(o);
 }
 
-Request load_request(const Args& a) {
+// The cache pool: --cache-pool-mb, or exactly what `need` bytes of sessions take.
+void size_cache_pool(const Args& a, Engine& engine, size_t need) {
+  const int64_t mb = a.get_int("cache-pool-mb", 0);
+  engine.set_cache_pool_bytes(mb > 0 ? size_t(mb) << 20 : need);
+}
+
+// The engine and the prompt of --tokens / --prompt, checked against the limit.
+std::unique_ptr<Engine> load_engine_and_prompt(const Args& a, std::vector<int32_t>* tokens) {
   if (!a.has("model")) throw Error(a.command + " needs --model DIR");
   if (a.has("tokens") == a.has("prompt")) throw Error(a.command + " needs exactly one of --tokens FILE or --prompt TEXT");
-  Request r = load_engine(a);
-  const ModelConfig& c = r.model->config;
-  r.tokens = prompt_tokens(a, c, r.tokenizer.get());
-  validate_prompt(c, r.tokens, prompt_limit(c, r.opts.max_prompt));
-  return r;
+  std::unique_ptr<Engine> engine = load_engine(a);
+  *tokens = prompt_tokens(a, *engine);
+  validate_prompt(engine->config(), *tokens, engine->position_limit());
+  return engine;
+}
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+  return buf;
+}
+
+// ---- prefill --requests ----------------------------------------------------------
+
+// One request of a --requests file and what became of it.
+struct RequestRun {
+  std::vector<int32_t> tokens;
+  std::string error;  // from the file, the tokenizer or the run
+  PrefillResult result;
+  uint64_t cache_checksum = 0;
+};
+
+// Each entry's tokens (a text prompt through prompt_tokens); an entry that
+// cannot be read keeps its error and does not run.
+std::vector<RequestRun> request_tokens(const Args& a, const Engine& engine) {
+  const std::vector<RequestSpec> specs = read_request_list(a.get("requests"));
+  std::vector<RequestRun> runs(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    try {
+      if (!specs[i].is_prompt) {
+        if (a.has("chat")) throw Error("--chat needs \"prompt\" requests (token ids are used as they are)");
+        runs[i].tokens = specs[i].tokens;
+      } else {
+        Args b = a;
+        b.opts.erase("requests");
+        b.opts["prompt"] = specs[i].prompt;
+        runs[i].tokens = prompt_tokens(b, engine);
+      }
+    } catch (const Error& e) {
+      runs[i].error = e.what();
+    }
+  }
+  return runs;
+}
+
+// Under mpirun (expert parallelism) request i runs on rank i % R; every
+// rank takes every MoE step, with zero rows if need be.
+bool runs_here(size_t i) { return dist::owner_of_request(int64_t(i), dist::size()) == dist::rank(); }
+
+// This rank's requests in one batch; returns the seconds it took.
+double run_requests(const Args& a, Engine& engine, std::vector<RequestRun>& runs) {
+  // Default pool: what each request needs alone, summed (per rank: its own).
+  size_t need = 0;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs_here(i)) need += engine.cache_bytes_for(int64_t(runs[i].tokens.size()));
+  size_cache_pool(a, engine, need);
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<Session*> batch;
+  std::vector<std::vector<int32_t>> batch_tokens;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!runs[i].error.empty() || !runs_here(i)) continue;
+    sessions.push_back(engine.new_session());
+    batch.push_back(sessions.back().get());
+    batch_tokens.push_back(runs[i].tokens);
+    index.push_back(i);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<PrefillResult> got = engine.append_batch(batch, batch_tokens);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t j = 0; j < index.size(); ++j) {
+    RequestRun& r = runs[index[j]];
+    r.result = std::move(got[j]);
+    r.error = r.result.error;
+    r.cache_checksum = batch[j]->cache_checksum();
+  }
+  return secs;
+}
+
+// Rank 0 gathers every rank's results; returns false on the other ranks.
+bool gather_requests(std::vector<RequestRun>& runs, double secs) {
+  std::vector<dist::RequestOutcome> local;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!runs_here(i)) continue;
+    dist::RequestOutcome o;
+    o.index = int64_t(i);
+    o.n_tokens = int64_t(runs[i].tokens.size());
+    o.next_token = runs[i].result.next_token;
+    o.cache_bytes = runs[i].result.cache_bytes;
+    o.cache_checksum = runs[i].cache_checksum;
+    o.seconds = secs;
+    o.error = runs[i].error;
+    o.logits = std::move(runs[i].result.logits);
+    local.push_back(std::move(o));
+  }
+  const std::vector<dist::RequestOutcome> all = dist::gather_outcomes(local);
+  if (dist::rank() != 0) return false;
+  for (const dist::RequestOutcome& o : all) {
+    RequestRun& r = runs[size_t(o.index)];
+    r.result.next_token = o.next_token;
+    r.result.cache_bytes = size_t(o.cache_bytes);
+    r.error = o.error;
+    r.result.logits = o.logits;
+    r.cache_checksum = o.cache_checksum;
+  }
+  return true;
+}
+
+void dump_request_logits(const std::string& dir, const std::vector<RequestRun>& runs, int64_t vocab) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": cannot create the logits directory: " + ec.message());
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].error.empty()) write_npy(dir + "/" + std::to_string(i) + ".npy", runs[i].result.logits.data(), {vocab});
+}
+
+// One line (or JSON object) per request; returns the tokens of those that ran.
+int64_t print_requests(const std::vector<RequestRun>& runs, bool as_json) {
+  int64_t total = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RequestRun& r = runs[i];
+    if (r.error.empty()) total += int64_t(r.tokens.size());
+    const std::string sum = hex16(r.cache_checksum);
+    if (as_json) {
+      json out = {{"index", i}, {"n_tokens", r.tokens.size()}};
+      if (r.error.empty())
+        out.update({{"next_token", r.result.next_token}, {"cache_bytes", r.result.cache_bytes}, {"cache_checksum", sum}});
+      else
+        out["error"] = r.error;
+      std::cout << out.dump() << std::endl;
+    } else if (r.error.empty()) {
+      std::printf("request %zu: %zu tokens, next token %d, cache %zu bytes, cache checksum %s\n", i, r.tokens.size(),
+                  r.result.next_token, r.result.cache_bytes, sum.c_str());
+    } else {
+      std::printf("request %zu: error: %s\n", i, r.error.c_str());
+    }
+  }
+  return total;
+}
+
+// Expert-parallel traffic (docs/PERFORMANCE.md): bytes summed over ranks,
+// seconds the slowest rank's; one process without mpirun: R = 1, no steps.
+void print_ep_stats(const dist::EpTotals& t, double secs, int64_t tokens, bool as_json) {
+  const double wall = dist::active() ? t.wall_seconds : secs;
+  const double per_step = t.steps ? double(t.bytes_sent) / double(t.steps) : 0.0;
+  const double tps = wall > 0 ? double(tokens) / wall : 0.0;
+  if (!as_json) {
+    std::printf("ep: %d ranks, %lld MoE steps, all-to-all %.0f bytes/step (%llu in all), %.3f s in all-to-all, "
+                "%.3f s in MoE steps, %.3f s wall, %.1f tokens/s\n",
+                dist::size(), (long long)t.steps, per_step, (unsigned long long)t.bytes_sent, t.comm_seconds,
+                t.total_seconds, wall, tps);
+    return;
+  }
+  json steps = json::array();
+  for (size_t i = 0; i < t.step_bytes.size(); ++i)
+    steps.push_back({{"bytes", t.step_bytes[i]}, {"seconds", t.step_comm_seconds[i]}});
+  json st = {{"ranks", dist::size()}, {"steps", t.steps}, {"all_to_all_bytes", t.bytes_sent},
+             {"all_to_all_bytes_per_step", per_step}, {"all_to_all_seconds", t.comm_seconds},
+             {"moe_step_seconds", t.total_seconds}, {"seconds", wall}, {"tokens", tokens},
+             {"tokens_per_second", tps}, {"per_step", steps}};
+  std::cout << json{{"ep_stats", st}}.dump() << std::endl;
 }
 
 // prefill --requests FILE: the requests of the file in one batch (PREFILL.md
@@ -355,150 +471,67 @@ int cmd_prefill_requests(const Args& a) {
   check_allowed(a, {"model", "requests", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "dump-logits",
                     "json", "cache-pool-mb", "check-weights", "chat", "think", "system", "ep-stats"});
   if (a.has("tokens") || a.has("prompt")) throw Error("--requests replaces --tokens and --prompt");
-  const std::vector<RequestSpec> specs = read_request_list(a.get("requests"));
-  Request req = load_engine(a);
-  const Model& m = *req.model;
-  const ModelConfig& c = m.config;
-  const size_t Q = specs.size();
-  std::vector<std::vector<int32_t>> tokens(Q);
-  std::vector<std::string> spec_error(Q);
-  for (size_t i = 0; i < Q; ++i) {
-    try {
-      if (!specs[i].is_prompt) {
-        if (a.has("chat")) throw Error("--chat needs \"prompt\" requests (token ids are used as they are)");
-        tokens[i] = specs[i].tokens;
-      } else {
-        Args b = a;
-        b.opts.erase("requests");
-        b.opts["prompt"] = specs[i].prompt;
-        tokens[i] = prompt_tokens(b, c, req.tokenizer.get());
-      }
-    } catch (const Error& e) {
-      spec_error[i] = e.what();
-    }
-  }
-  // Under mpirun (expert parallelism, src/dist/ep.h) request i runs on rank
-  // i % R; every rank takes every MoE step, with zero rows if need be.
-  const bool ep = dist::active();
-  const int ep_rank = dist::rank(), ep_ranks = dist::size();
-  auto mine = [&](size_t i) { return dist::owner_of_request(int64_t(i), ep_ranks) == ep_rank; };
-  // Default pool: what each request needs alone, summed (per rank: its own).
-  size_t pool_bytes = size_t(req.pool_mb) << 20;
-  if (req.pool_mb == 0)
-    for (size_t i = 0; i < Q; ++i)
-      if (mine(i)) pool_bytes += pool_for_request(m, std::max<int64_t>(1, int64_t(tokens[i].size())))->total_pages() *
-                    CachePool::kDefaultPageBytes;
-  CachePool pool(pool_bytes);
-  std::vector<RequestState> states(Q);
-  std::vector<RequestState*> run_states;
-  std::vector<std::vector<int32_t>> run_tokens;
-  std::vector<size_t> run_index;
-  for (size_t i = 0; i < Q; ++i) {
-    states[i].init(m, &pool);
-    if (!spec_error[i].empty() || !mine(i)) continue;
-    run_states.push_back(&states[i]);
-    run_tokens.push_back(tokens[i]);
-    run_index.push_back(i);
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<dist::MpiExpertRunner> ep_runner;
-  if (ep) ep_runner = std::make_unique<dist::MpiExpertRunner>(c.n_routed_experts);
-  std::vector<PrefillResult> got = extend_batch(m, run_states, run_tokens, req.opts, ep_runner.get());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<PrefillResult> res(Q);
-  for (size_t j = 0; j < run_index.size(); ++j) res[run_index[j]] = std::move(got[j]);
-  for (size_t i = 0; i < Q; ++i)
-    if (!spec_error[i].empty()) res[i].error = spec_error[i];
-  std::vector<uint64_t> sums(Q);
+  std::unique_ptr<Engine> engine = load_engine(a, /*expert_parallel=*/true);
+  std::vector<RequestRun> runs = request_tokens(a, *engine);
+  const double secs = run_requests(a, *engine, runs);
   dist::EpTotals ep_totals;
-  if (!ep) {
-    for (size_t i = 0; i < Q; ++i) sums[i] = cache_checksum(m, states[i]);
-  } else {
-    // Rank 0 gathers every request's result and prints them all.
-    std::vector<dist::RequestOutcome> local;
-    for (size_t i = 0; i < Q; ++i) {
-      if (!mine(i)) continue;
-      dist::RequestOutcome o;
-      o.index = int64_t(i);
-      o.n_tokens = int64_t(tokens[i].size());
-      o.next_token = res[i].next_token;
-      o.cache_bytes = res[i].cache_bytes;
-      o.cache_checksum = cache_checksum(m, states[i]);
-      o.seconds = secs;
-      o.error = res[i].error;
-      o.logits = std::move(res[i].logits);
-      local.push_back(std::move(o));
-    }
-    const std::vector<dist::RequestOutcome> all = dist::gather_outcomes(local);
-    ep_totals = ep_runner->reduce_totals(secs);
-    if (ep_rank != 0) return 0;
-    for (const dist::RequestOutcome& o : all) {
-      PrefillResult& r = res[size_t(o.index)];
-      r.next_token = o.next_token;
-      r.cache_bytes = size_t(o.cache_bytes);
-      r.error = o.error;
-      r.logits = o.logits;
-      sums[size_t(o.index)] = o.cache_checksum;
-    }
+  if (dist::active()) {
+    const bool root = gather_requests(runs, secs);
+    ep_totals = engine->expert_parallel_totals(secs);
+    if (!root) return 0;
   }
-
-  if (a.has("dump-logits")) {
-    const std::string dir = a.get("dump-logits");
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw Error(dir + ": cannot create the logits directory: " + ec.message());
-    for (size_t i = 0; i < Q; ++i)
-      if (res[i].error.empty()) write_npy(dir + "/" + std::to_string(i) + ".npy", res[i].logits.data(), {c.vocab_size});
-  }
-  int64_t total = 0;
-  bool failed = false;
-  for (size_t i = 0; i < Q; ++i) {
-    const PrefillResult& r = res[i];
-    failed |= !r.error.empty();
-    if (r.error.empty()) total += int64_t(tokens[i].size());
-    char sum[17];
-    std::snprintf(sum, sizeof sum, "%016llx", (unsigned long long)sums[i]);
-    if (a.has("json")) {
-      json out = {{"index", i}, {"n_tokens", tokens[i].size()}};
-      if (r.error.empty()) {
-        out.update({{"next_token", r.next_token}, {"cache_bytes", r.cache_bytes}, {"cache_checksum", sum}});
-      } else {
-        out["error"] = r.error;
-      }
-      std::cout << out.dump() << std::endl;
-    } else if (r.error.empty()) {
-      std::printf("request %zu: %zu tokens, next token %d, cache %zu bytes, cache checksum %s\n", i, tokens[i].size(),
-                  r.next_token, r.cache_bytes, sum);
-    } else {
-      std::printf("request %zu: error: %s\n", i, r.error.c_str());
-    }
-  }
+  if (a.has("dump-logits")) dump_request_logits(a.get("dump-logits"), runs, engine->config().vocab_size);
+  const int64_t total = print_requests(runs, a.has("json"));
   if (!a.has("json"))
-    std::printf("prefill: %zu requests, %lld tokens in %.3f s, %.1f tokens/s\n", Q, (long long)total, secs,
+    std::printf("prefill: %zu requests, %lld tokens in %.3f s, %.1f tokens/s\n", runs.size(), (long long)total, secs,
                 secs > 0 ? double(total) / secs : 0.0);
-  if (a.has("ep-stats")) {
-    // Expert-parallel traffic (docs/PERFORMANCE.md): bytes summed over ranks,
-    // seconds the slowest rank's; one process without mpirun: R = 1, no steps.
-    const dist::EpTotals& t = ep_totals;
-    const double wall = ep ? t.wall_seconds : secs;
-    const double per_step = t.steps ? double(t.bytes_sent) / double(t.steps) : 0.0;
-    json st = {{"ranks", ep_ranks}, {"steps", t.steps}, {"all_to_all_bytes", t.bytes_sent},
-               {"all_to_all_bytes_per_step", per_step}, {"all_to_all_seconds", t.comm_seconds},
-               {"moe_step_seconds", t.total_seconds}, {"seconds", wall}, {"tokens", total},
-               {"tokens_per_second", wall > 0 ? double(total) / wall : 0.0}};
-    json steps = json::array();
-    for (size_t i = 0; i < t.step_bytes.size(); ++i)
-      steps.push_back({{"bytes", t.step_bytes[i]}, {"seconds", t.step_comm_seconds[i]}});
-    st["per_step"] = steps;
-    if (a.has("json"))
-      std::cout << json{{"ep_stats", st}}.dump() << std::endl;
-    else
-      std::printf("ep: %d ranks, %lld MoE steps, all-to-all %.0f bytes/step (%llu in all), %.3f s in all-to-all, "
-                  "%.3f s in MoE steps, %.3f s wall, %.1f tokens/s\n",
-                  ep_ranks, (long long)t.steps, per_step, (unsigned long long)t.bytes_sent, t.comm_seconds,
-                  t.total_seconds, wall, wall > 0 ? double(total) / wall : 0.0);
-  }
+  if (a.has("ep-stats")) print_ep_stats(ep_totals, secs, total, a.has("json"));
+  const bool failed = std::any_of(runs.begin(), runs.end(), [](const RequestRun& r) { return !r.error.empty(); });
   return failed ? 2 : 0;
+}
+
+// ---- prefill, generate -----------------------------------------------------------
+
+// --teacher-force IN.npy, checked against [layers, N, hc, hidden].
+NpyArray read_teacher(const std::string& path, const ModelConfig& c, int64_t n) {
+  NpyArray teacher = read_npy(path);
+  const std::vector<int64_t> want = {c.num_hidden_layers, n, c.hc_mult, c.hidden_size};
+  if (teacher.shape != want) throw Error(path + ": shape " + shape_str(teacher.shape) + ", expected " + shape_str(want));
+  return teacher;
+}
+
+// The ids of the `n` largest logits, ties to the lower id.
+std::vector<int32_t> top_ids(const std::vector<float>& logits, int64_t n) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t x, int32_t y) {
+    return logits[size_t(x)] != logits[size_t(y)] ? logits[size_t(x)] > logits[size_t(y)] : x < y;
+  });
+  order.resize(size_t(n));
+  return order;
+}
+
+void print_prefill(const Args& a, const Engine& engine, const PrefillResult& r, int64_t n, double secs,
+                   uint64_t checksum) {
+  const std::vector<int32_t> top = top_ids(r.logits, std::min<int64_t>(a.get_int("top", 5), engine.config().vocab_size));
+  if (a.has("json")) {
+    json tops = json::array();
+    for (int32_t id : top) tops.push_back({{"id", id}, {"logit", r.logits[size_t(id)]}});
+    json out = {{"n_tokens", n}, {"next_token", r.next_token}, {"seconds", secs},
+                {"tokens_per_second", double(n) / secs}, {"cache_bytes", r.cache_bytes},
+                {"cache_checksum", hex16(checksum)}, {"peak_rss_bytes", peak_rss_bytes()},
+                {"checkpoint_rss_bytes", mapped_rss_bytes(".safetensors")},
+                {"checkpoint_bytes", engine.checkpoint_bytes()}, {"top", tops}};
+    std::cout << out.dump() << std::endl;
+    return;
+  }
+  // With a tokenizer, each id is followed by its text.
+  const Tokenizer* tok = engine.tokenizer();
+  auto text = [&](int32_t id) { return tok ? "  " + token_display(*tok, id) : std::string(); };
+  std::printf("prompt: %lld tokens\nnext token: %d%s\ntop-%zu logits:\n", (long long)n, r.next_token,
+              text(r.next_token).c_str(), top.size());
+  for (int32_t id : top) std::printf("  %8d  %10.4f%s\n", id, r.logits[size_t(id)], text(id).c_str());
+  std::printf("prefill: %.3f s, %.1f tokens/s\n", secs, double(n) / secs);
 }
 
 int cmd_prefill(const Args& a) {
@@ -508,31 +541,25 @@ int cmd_prefill(const Args& a) {
                 " ranks, prefill takes --requests FILE.json (requests are dealt to the ranks round-robin)");
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "dump-logits", "dump-hidden",
                     "dump-residuals", "teacher-force", "top", "json", "cache-pool-mb", "check-weights", "chat", "think", "system"});
-  Request req = load_request(a);
-  auto& model = req.model;
-  auto& tokens = req.tokens;
-  PrefillOptions& o = req.opts;
-  const ModelConfig& c = model->config;
-  o.keep_hidden = a.has("dump-hidden");
-  o.keep_residuals = a.has("dump-residuals");
+  std::vector<int32_t> tokens;
+  std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
+  const ModelConfig& c = engine->config();
   const int64_t N = int64_t(tokens.size()), L = c.num_hidden_layers, hc = c.hc_mult, D = c.hidden_size;
+  AppendOptions what;
+  what.keep_hidden = a.has("dump-hidden");
+  what.keep_residuals = a.has("dump-residuals");
   NpyArray teacher;
   if (a.has("teacher-force")) {
-    teacher = read_npy(a.get("teacher-force"));
-    std::vector<int64_t> want = {L, N, hc, D};
-    if (teacher.shape != want)
-      throw Error(a.get("teacher-force") + ": shape " + shape_str(teacher.shape) + ", expected " + shape_str(want));
-    o.teacher = teacher.data.data();
+    teacher = read_teacher(a.get("teacher-force"), c, N);
+    what.teacher = teacher.data.data();
   }
 
   auto t0 = std::chrono::steady_clock::now();
-  auto pool = req.make_pool(N);
-  RequestState st;
-  st.init(*model, pool.get());
-  PrefillResult r = extend(*model, st, tokens, o);
-  char checksum[17];
-  std::snprintf(checksum, sizeof checksum, "%016llx", (unsigned long long)cache_checksum(*model, st));
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_cache_pool(a, *engine, engine->cache_bytes_for(N));
+  std::unique_ptr<Session> session = engine->new_session();
+  PrefillResult r = session->append(tokens, what);
+  const uint64_t checksum = session->cache_checksum();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (std::getenv("DSV4_STAGES"))
     for (int i = 0; i < int(Stage::kCount); ++i)
@@ -540,82 +567,63 @@ int cmd_prefill(const Args& a) {
   if (a.has("dump-logits")) write_npy(a.get("dump-logits"), r.logits.data(), {c.vocab_size});
   if (a.has("dump-hidden")) write_npy(a.get("dump-hidden"), r.hidden.data(), {N, D});
   if (a.has("dump-residuals")) write_npy(a.get("dump-residuals"), r.residuals.data(), {L, N, hc, D});
-
-  const int64_t topn = std::min<int64_t>(a.get_int("top", 5), c.vocab_size);
-  std::vector<int32_t> order(size_t(c.vocab_size));
-  for (int32_t i = 0; i < c.vocab_size; ++i) order[size_t(i)] = i;
-  std::partial_sort(order.begin(), order.begin() + topn, order.end(), [&](int32_t x, int32_t y) {
-    return r.logits[size_t(x)] != r.logits[size_t(y)] ? r.logits[size_t(x)] > r.logits[size_t(y)] : x < y;
-  });
-  if (a.has("json")) {
-    json top = json::array();
-    for (int64_t i = 0; i < topn; ++i) top.push_back({{"id", order[size_t(i)]}, {"logit", r.logits[size_t(order[size_t(i)])]}});
-    json out = {{"n_tokens", N}, {"next_token", r.next_token}, {"seconds", secs},
-                {"tokens_per_second", double(N) / secs}, {"cache_bytes", r.cache_bytes}, {"cache_checksum", checksum},
-                {"peak_rss_bytes", peak_rss_bytes()}, {"checkpoint_rss_bytes", checkpoint_rss_bytes()},
-                {"checkpoint_bytes", model->checkpoint.total_bytes()}, {"top", top}};
-    std::cout << out.dump() << std::endl;
-  } else {
-    // With a tokenizer, each id is followed by its text.
-    auto text = [&](int32_t id) { return req.tokenizer ? "  " + token_display(*req.tokenizer, id) : std::string(); };
-    std::printf("prompt: %lld tokens\nnext token: %d%s\ntop-%lld logits:\n", (long long)N, r.next_token,
-                text(r.next_token).c_str(), (long long)topn);
-    for (int64_t i = 0; i < topn; ++i)
-      std::printf("  %8d  %10.4f%s\n", order[size_t(i)], r.logits[size_t(order[size_t(i)])], text(order[size_t(i)]).c_str());
-    std::printf("prefill: %.3f s, %.1f tokens/s\n", secs, double(N) / secs);
-  }
+  print_prefill(a, *engine, r, N, secs, checksum);
   return 0;
+}
+
+void print_generation(const Args& a, const Engine& engine, const std::vector<int32_t>& generated, int64_t n_prompt,
+                      double prefill_s, double decode_s) {
+  const double tps = decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
+  const Tokenizer* tok = engine.tokenizer();
+  if (a.has("json")) {
+    json out = {{"n_prompt_tokens", n_prompt}, {"generated", generated}, {"prefill_seconds", prefill_s},
+                {"decode_seconds", decode_s}, {"tokens_per_second", tps}};
+    if (tok) out["text"] = utf8_lossy(tok->decode(generated));
+    std::cout << out.dump() << std::endl;
+    return;
+  }
+  std::printf("generated:");
+  for (int32_t t : generated) std::printf(" %d", t);
+  if (tok) std::printf("\ntext: %s", utf8_lossy(tok->decode(generated)).c_str());
+  std::printf("\nprefill: %lld tokens in %.3f s; decode: %zu tokens, %.1f tokens/s\n", (long long)n_prompt, prefill_s,
+              generated.size(), tps);
 }
 
 int cmd_generate(const Args& a) {
   check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "max-new-tokens",
                     "ignore-eos", "dump-logits-all", "json", "cache-pool-mb", "chat", "think", "system"});
-  Request req = load_request(a);
-  const Model& m = *req.model;
-  const ModelConfig& c = m.config;
+  std::vector<int32_t> tokens;
+  std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
+  const ModelConfig& c = engine->config();
   const int64_t K = a.get_int("max-new-tokens", 16);
   if (K < 1) throw Error("--max-new-tokens must be >= 1");
-  const int64_t N = int64_t(req.tokens.size());
+  const int64_t N = int64_t(tokens.size());
   // Check the whole request up front: a generation that would run past the
   // limit fails before any work.
-  const int64_t limit = prompt_limit(c, req.opts.max_prompt);
+  const int64_t limit = engine->position_limit();
   if (N + K - 1 > limit)
     throw Error("a prompt of " + std::to_string(N) + " tokens plus " + std::to_string(K) +
                 " new tokens needs " + std::to_string(N + K - 1) + " positions, more than the limit of " +
                 std::to_string(limit) + " (--max-prompt, capped by max_position_embeddings)");
 
-  auto pool = req.make_pool(N + K - 1);
-  RequestState st;
-  st.init(m, pool.get());
+  size_cache_pool(a, *engine, engine->cache_bytes_for(N + K - 1));
+  std::unique_ptr<Session> session = engine->new_session();
   std::vector<int32_t> generated;
   std::vector<float> all_logits;
   auto t0 = std::chrono::steady_clock::now();
-  PrefillResult r = extend(m, st, req.tokens, req.opts);
+  PrefillResult r = session->append(tokens);
   auto t1 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < K; ++i) {
     if (a.has("dump-logits-all")) all_logits.insert(all_logits.end(), r.logits.begin(), r.logits.end());
     generated.push_back(r.next_token);
     if (i + 1 == K || (!a.has("ignore-eos") && r.next_token == c.eos_token_id)) break;
-    r = extend(m, st, {r.next_token}, req.opts);
+    r = session->append({r.next_token});
   }
   auto t2 = std::chrono::steady_clock::now();
-  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
-  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-  const double tps = decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
   if (a.has("dump-logits-all"))
     write_npy(a.get("dump-logits-all"), all_logits.data(), {int64_t(generated.size()), c.vocab_size});
-  if (a.has("json")) {
-    json out = {{"n_prompt_tokens", N}, {"generated", generated}, {"prefill_seconds", prefill_s},
-                {"decode_seconds", decode_s}, {"tokens_per_second", tps}};
-    if (req.tokenizer) out["text"] = utf8_lossy(req.tokenizer->decode(generated));
-    std::cout << out.dump() << std::endl;
-  } else {
-    std::printf("generated:");
-    for (int32_t t : generated) std::printf(" %d", t);
-    if (req.tokenizer) std::printf("\ntext: %s", utf8_lossy(req.tokenizer->decode(generated)).c_str());
-    std::printf("\nprefill: %lld tokens in %.3f s; decode: %zu tokens, %.1f tokens/s\n", (long long)N, prefill_s,
-                generated.size(), tps);
-  }
+  print_generation(a, *engine, generated, N, std::chrono::duration<double>(t1 - t0).count(),
+                   std::chrono::duration<double>(t2 - t1).count());
   return 0;
 }
 
@@ -659,47 +667,6 @@ int cmd_gen_model(const Args& a) {
 // ---- info: a checkpoint against its config --------------------------------------
 
 const char* layer_kind(int ratio) { return ratio == 0 ? "SWA" : ratio == 4 ? "CSA" : ratio == 128 ? "HCA" : "compressed"; }
-
-// The dtypes load_weights accepts for a tensor gen-model writes as `s`: norm
-// vectors and the gate bias may be BF16 or F32, packed FP4 I8 or U8, tid2eid
-// I64 or I32.
-std::vector<DType> accepted_dtypes(const TensorSpec& s) {
-  auto ends_with = [&](const std::string& x) {
-    return s.name.size() >= x.size() && s.name.compare(s.name.size() - x.size(), x.size(), x) == 0;
-  };
-  if (s.dtype == DType::kI8) return {DType::kI8, DType::kU8};
-  if (s.dtype == DType::kI64) return {DType::kI64, DType::kI32};
-  if ((s.dtype == DType::kBF16 || s.dtype == DType::kF32) && s.shape.size() == 1 &&
-      (ends_with(".weight") || ends_with("gate.bias")))
-    return {DType::kBF16, DType::kF32};
-  return {s.dtype};
-}
-
-// Every tensor the config needs, checked for presence, dtype and shape from
-// the safetensors headers (no tensor data is read). Returns the problems,
-// one line each; *used gets the checkpoint names that were matched.
-std::vector<std::string> check_checkpoint(const Checkpoint& ck, const ModelConfig& c, std::set<std::string>* used) {
-  std::vector<std::string> problems;
-  for (const TensorSpec& s : checkpoint_tensor_specs(c)) {
-    const std::string name = ck.resolve(s.name);
-    const TensorView* t = ck.find(name);
-    if (!t) {
-      problems.push_back("missing tensor '" + s.name + "' (" + dtype_name(s.dtype) + " " + shape_str(s.shape) + ")");
-      continue;
-    }
-    used->insert(name);
-    const std::vector<DType> ok = accepted_dtypes(s);
-    if (std::find(ok.begin(), ok.end(), t->dtype) == ok.end()) {
-      std::string want;
-      for (DType d : ok) want += std::string(want.empty() ? "" : " or ") + dtype_name(d);
-      problems.push_back(t->file + ": tensor '" + name + "' has dtype " + dtype_name(t->dtype) + ", expected " + want);
-    }
-    if (t->shape != s.shape)
-      problems.push_back(t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected " +
-                         shape_str(s.shape));
-  }
-  return problems;
-}
 
 int cmd_info(const Args& a) {
   check_allowed(a, {"model"});
@@ -793,7 +760,7 @@ int cmd_detokenize(const Args& a) {
   check_allowed(a, {"model", "tokens", "skip-special"});
   if (!a.has("model") || !a.has("tokens")) throw Error("detokenize needs --model DIR and --tokens FILE.json");
   auto tok = Tokenizer::load(a.get("model"));
-  const std::string text = utf8_lossy(tok->decode(read_tokens_file(a.get("tokens")), a.has("skip-special")));
+  const std::string text = utf8_lossy(tok->decode(read_token_list(a.get("tokens")), a.has("skip-special")));
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
   return 0;
@@ -854,77 +821,6 @@ int cmd_make_tokenizer(const Args& a) {
   std::filesystem::rename(tmp, a.get("out"));
   std::printf("%s: %d ids, %zu added tokens\n", a.get("out").c_str(), tok->size(), tok->added_tokens());
   return 0;
-}
-
-// A deterministic mixed text of about n characters: English prose, code,
-// Chinese, Japanese, Korean, Cyrillic, digits, emoji and odd whitespace. The
-// CJK and Hangul runs are random, so most pieces miss the piece cache.
-std::string mixed_text(size_t n) {
-  uint64_t st = 0x9e3779b97f4a7c15ull;
-  auto rnd = [&](uint64_t k) {
-    st = st * 6364136223846793005ull + 1442695040888963407ull;
-    return (st >> 33) % k;
-  };
-  auto put = [](uint32_t cp, std::string* s) {  // one code point as UTF-8
-    if (cp < 0x80) {
-      *s += char(cp);
-    } else if (cp < 0x800) {
-      *s += {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
-    } else if (cp < 0x10000) {
-      *s += {char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
-    } else {
-      *s += {char(0xF0 | (cp >> 18)), char(0x80 | ((cp >> 12) & 0x3F)), char(0x80 | ((cp >> 6) & 0x3F)),
-             char(0x80 | (cp & 0x3F))};
-    }
-  };
-  static const char* words[] = {"the", "model", "reads", "a", "long", "prompt", "and", "every", "layer", "keeps",
-                                "its", "cache", "small", "while", "tiles", "walk", "through", "attention", "of",
-                                "DeepSeek", "tokenizer", "Hello", "world", "isn't", "we've", "they're", "quickly"};
-  static const char* code[] = {"for (int i = 0; i < n; ++i) {\n    sum += a[i] * 3.14159;\n}\n",
-                               "def f(x):\n\treturn {'k': x ** 2, \"v\": [1, 2, 3]}\n",
-                               "if (ptr != nullptr && ptr->size() >= 0x7fff) return -EINVAL;\n",
-                               "<div class=\"row\">&nbsp;</div>  // TODO: fix #42\n"};
-  std::string s;
-  size_t chars = 0;
-  auto count = [&](const std::string& x) {
-    for (unsigned char ch : x) chars += (ch & 0xC0) != 0x80;
-  };
-  while (chars < n) {
-    std::string part;
-    switch (rnd(8)) {
-      case 0: case 1:  // English
-        for (uint64_t w = 0, k = 5 + rnd(12); w < k; ++w) part += std::string(w ? " " : "") + words[rnd(27)];
-        part += rnd(2) ? ". " : ", ";
-        break;
-      case 2: part = code[rnd(4)]; break;
-      case 3:  // Chinese, with full-width punctuation
-        for (uint64_t k = 4 + rnd(20); k--;) put(0x4E00 + uint32_t(rnd(0x9FA5 - 0x4E00)), &part);
-        part += rnd(2) ? "，" : "。";
-        break;
-      case 4:  // Japanese kana, some kanji
-        for (uint64_t k = 3 + rnd(12); k--;) put(rnd(3) ? 0x3041 + uint32_t(rnd(0x56)) : 0x30A1 + uint32_t(rnd(0x5A)), &part);
-        put(0x4E00 + uint32_t(rnd(2000)), &part);
-        part += "、";
-        break;
-      case 5:  // Korean words, Cyrillic words
-        for (uint64_t w = 0, k = 2 + rnd(4); w < k; ++w) {
-          part += ' ';
-          for (uint64_t c = 2 + rnd(3); c--;) put(rnd(2) ? 0xAC00 + uint32_t(rnd(11172)) : 0x430 + uint32_t(rnd(32)), &part);
-        }
-        break;
-      case 6:  // digits, dates, amounts
-        part = " " + std::to_string(rnd(100000)) + "." + std::to_string(rnd(1000)) + " on 2024-0" +
-               std::to_string(1 + rnd(9)) + "-1" + std::to_string(rnd(10)) + " ($" + std::to_string(rnd(1u << 30)) + ")";
-        break;
-      default:  // emoji and whitespace
-        put(0x1F600 + uint32_t(rnd(0x50)), &part);
-        part += rnd(2) ? "\n\n" : "\t  \r\n   ";
-        break;
-    }
-    count(part);
-    s += part;
-  }
-  return s;
 }
 
 int cmd_bench(const Args& a) {

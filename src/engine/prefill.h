@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "engine/cache_pool.h"
+#include "engine/request.h"
 #include "model/attention.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -34,35 +35,6 @@ struct RequestState {
   // Bytes of all cache pages the request holds.
   size_t cache_bytes() const;
 };
-
-struct PrefillOptions {
-  int64_t tile_tokens = 128;      // 0 = the whole prompt in one tile
-  // Positions per MoE step and request, rounded up to whole tiles; 0 = the
-  // whole prompt. Large chunks let each expert see many rows per weight pass.
-  int64_t chunk_tokens = 2048;
-  int64_t max_prompt = 0;         // 0 = max_position_embeddings
-  bool keep_hidden = false;       // all rows of the final normalised hidden
-  bool keep_residuals = false;    // every layer's output residual stream
-  // Teacher forcing: [layers][N][hc][D]; layer L > 0 takes IN[L−1] as input.
-  const float* teacher = nullptr;
-};
-
-struct PrefillResult {
-  std::vector<float> logits;     // [vocab], last row
-  int32_t next_token = -1;       // argmax, ties to the lower id
-  std::vector<float> hidden;     // [N][D] when keep_hidden, else the last row
-  std::vector<float> residuals;  // [layers][N][hc][D] when keep_residuals
-  size_t cache_bytes = 0;        // pages the request holds at the end
-  std::string error;             // extend_batch: why this request failed (empty: it did not)
-};
-
-// The longest request accepted: max_prompt (0 = no own limit) capped by
-// max_position_embeddings.
-int64_t prompt_limit(const ModelConfig& c, int64_t max_prompt);
-
-// Checks tokens to be appended at position `start` (non-empty, ids <
-// vocab_size, start + N <= limit) and throws dsv4::Error naming what is wrong.
-void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t limit, int64_t start = 0);
 
 // Processes `tokens` at positions [state.n_tokens, state.n_tokens + N) in
 // tiles, continuing from `state` (prefill when it is empty, decoding when N

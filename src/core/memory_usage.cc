@@ -1,0 +1,42 @@
+#include "core/memory_usage.h"
+
+#include <sys/resource.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+
+namespace dsv4 {
+
+size_t peak_rss_bytes() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+namespace {
+// A mapping's header line in smaps: "start-end perms offset dev inode path".
+bool is_mapping_header(const std::string& line) {
+  return !line.empty() && std::isxdigit((unsigned char)line[0]) && line.find('-') != std::string::npos &&
+         line.find(' ') > line.find('-');
+}
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+size_t mapped_rss_bytes(const std::string& suffix) {
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool in_file = false;
+  size_t kb = 0;
+  while (std::getline(f, line)) {
+    if (is_mapping_header(line))
+      in_file = ends_with(line, suffix);
+    else if (in_file && line.rfind("Rss:", 0) == 0)
+      kb += std::strtoull(line.c_str() + 4, nullptr, 10);
+  }
+  return kb * 1024;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,17 @@
+// What this process holds in memory, for the reports of prefill and bench.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace dsv4 {
+
+// The most resident memory this process has held (getrusage's ru_maxrss).
+size_t peak_rss_bytes();
+
+// Bytes resident now in this process's mappings of files whose names end in
+// `suffix` (the Rss of each such mapping in /proc/self/smaps): for
+// ".safetensors", the checkpoint bytes the run has touched. 0 where /proc is
+// not available.
+size_t mapped_rss_bytes(const std::string& suffix);
+
+}  // namespace dsv4

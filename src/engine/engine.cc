@@ -1,0 +1,163 @@
+#include "engine/engine.h"
+
+#include <filesystem>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "dist/ep.h"
+#include "engine/prefill.h"
+#include "io/weight_check.h"
+#include "model/model.h"
+
+namespace dsv4 {
+
+struct Engine::Impl {
+  EngineOptions opts;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<CachePool> pool;
+  std::unique_ptr<dist::MpiExpertRunner> experts;  // under expert_parallel
+  int live_sessions = 0;
+
+  PrefillOptions prefill_options(const AppendOptions& what) const {
+    PrefillOptions p;
+    p.tile_tokens = opts.tile_tokens;
+    p.chunk_tokens = opts.chunk_tokens;
+    p.max_prompt = opts.max_positions;
+    p.keep_hidden = what.keep_hidden;
+    p.keep_residuals = what.keep_residuals;
+    p.teacher = what.teacher;
+    return p;
+  }
+};
+
+struct Session::State {
+  RequestState request;
+};
+
+namespace {
+
+void check_options(const EngineOptions& o) {
+  if (o.model_dir.empty()) throw Error("no model directory given (--model DIR)");
+  if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(o.threads));
+  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  if (o.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
+  if (o.max_positions < 0) throw Error("--max-prompt must be >= 0");
+}
+
+// DIR/tokenizer.json, checked against the model's vocabulary, or null.
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& dir, const ModelConfig& c) {
+  if (!Tokenizer::present_in(dir)) return nullptr;
+  auto tok = Tokenizer::load(dir);
+  if (tok->size() > c.vocab_size)
+    throw Error((std::filesystem::path(dir) / "tokenizer.json").string() + " has token ids up to " +
+                std::to_string(tok->size() - 1) + " but config.json has vocab_size " + std::to_string(c.vocab_size));
+  return tok;
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
+  check_options(o);
+  if (o.threads > 0) ThreadPool::set_threads(o.threads);
+  auto impl = std::make_unique<Impl>();
+  impl->opts = o;
+  // Under expert parallelism this rank maps and checks only its share of
+  // the routed experts; the MTP block (mtp.*) is never used, so not scanned.
+  ExpertRange held;
+  const bool ep = o.expert_parallel && dist::active();
+  if (ep) {
+    const ModelConfig cfg = ModelConfig::load((std::filesystem::path(o.model_dir) / "config.json").string());
+    held = dist::expert_range(cfg.n_routed_experts, dist::rank(), dist::size());
+  }
+  impl->model = Model::load(o.model_dir, held);
+  if (o.check_weights)
+    check_weights_finite(impl->model->checkpoint, [held](const std::string& n) {
+      return n.rfind("mtp.", 0) != 0 && dist::holds_tensor(n, held);
+    });
+  impl->tokenizer = model_tokenizer(o.model_dir, impl->model->config);
+  if (ep) impl->experts = std::make_unique<dist::MpiExpertRunner>(impl->model->config.n_routed_experts);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+const ModelConfig& Engine::config() const { return impl_->model->config; }
+const EngineOptions& Engine::options() const { return impl_->opts; }
+const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
+int64_t Engine::position_limit() const { return prompt_limit(config(), impl_->opts.max_positions); }
+size_t Engine::checkpoint_bytes() const { return impl_->model->checkpoint.total_bytes(); }
+
+void Engine::page_in_weights() const {
+  std::vector<const TensorView*> views;
+  for (const auto& kv : impl_->model->checkpoint.tensors()) views.push_back(&kv.second);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  std::vector<uint8_t> sums(views.size());
+  parallel_for_each(int64_t(views.size()), [&](int64_t i) {
+    uint8_t s = 0;
+    const TensorView& v = *views[size_t(i)];
+    for (size_t b = 0; b < v.nbytes; b += page) s = uint8_t(s + v.data[b]);
+    sums[size_t(i)] = s;
+  });
+  // The sum is published through a volatile so the reads are kept.
+  static volatile uint8_t sink = 0;
+  uint8_t total = 0;
+  for (uint8_t s : sums) total = uint8_t(total + s);
+  sink = total;
+}
+
+size_t Engine::cache_bytes_for(int64_t positions) const {
+  return pool_for_request(*impl_->model, std::max<int64_t>(1, positions))->total_pages() * CachePool::kDefaultPageBytes;
+}
+
+void Engine::set_cache_pool_bytes(size_t bytes) {
+  if (impl_->live_sessions > 0) throw Error("the cache pool cannot be resized while sessions hold pages");
+  impl_->pool = std::make_unique<CachePool>(bytes);
+}
+
+std::unique_ptr<Session> Engine::new_session() {
+  if (!impl_->pool) set_cache_pool_bytes(cache_bytes_for(position_limit()));
+  auto state = std::make_unique<Session::State>();
+  state->request.init(*impl_->model, impl_->pool.get());
+  ++impl_->live_sessions;
+  return std::unique_ptr<Session>(new Session(this, std::move(state)));
+}
+
+std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& sessions,
+                                                const std::vector<std::vector<int32_t>>& tokens,
+                                                const AppendOptions& what) {
+  std::vector<RequestState*> states;
+  for (Session* s : sessions) {
+    if (s->engine_ != this) throw Error("append_batch: a session of another engine");
+    states.push_back(&s->state_->request);
+  }
+  return extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what), impl_->experts.get());
+}
+
+dist::EpTotals Engine::expert_parallel_totals(double wall_seconds) const {
+  if (!impl_->experts) return {};
+  return impl_->experts->reduce_totals(wall_seconds);
+}
+
+Session::Session(Engine* engine, std::unique_ptr<State> state) : engine_(engine), state_(std::move(state)) {}
+
+Session::~Session() {
+  state_.reset();  // gives the pages back before the engine's count drops
+  --engine_->impl_->live_sessions;
+}
+
+int64_t Session::position() const { return state_->request.n_tokens; }
+
+PrefillResult Session::append(const std::vector<int32_t>& tokens, const AppendOptions& what) {
+  std::vector<PrefillResult> r = engine_->append_batch({this}, {tokens}, what);
+  if (!r[0].error.empty()) throw Error(r[0].error);
+  return std::move(r[0]);
+}
+
+size_t Session::cache_bytes() const { return state_->request.cache_bytes(); }
+
+uint64_t Session::cache_checksum() const { return dsv4::cache_checksum(*engine_->impl_->model, state_->request); }
+
+}  // namespace dsv4

@@ -1,0 +1,111 @@
+// The engine as every front end sees it (the dsv4 command, bench, and the
+// chat and server to come): an Engine that loads a checkpoint and owns the
+// weights, the cache pool and, under mpirun, the expert-parallel runner; a
+// Session per request that appends tokens (prefill, or decode one token at a
+// time) and holds that request's caches. Nothing here exposes tensors,
+// layers or kernels: a front end includes this header and io/ or core/
+// utilities, never model/ or kernels/ (tests/layering_test.cc checks it).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/mpi.h"
+#include "engine/request.h"
+#include "io/config.h"
+#include "io/tokenizer.h"
+
+namespace dsv4 {
+
+struct EngineOptions {
+  std::string model_dir;     // config.json + safetensors (+ tokenizer.json)
+  int threads = 0;           // worker threads of the process pool; 0: leave it as it is
+  int64_t tile_tokens = 128;   // positions per tile (0 = a whole append in one tile)
+  int64_t chunk_tokens = 2048; // positions per MoE step and request (0 = a whole append)
+  int64_t max_positions = 0;   // longest request; 0 = max_position_embeddings
+  // Scan the used weights for NaN/Inf on load and fail naming the tensor.
+  bool check_weights = false;
+  // Under mpirun: hold this rank's share of the routed experts and run the
+  // others through the MPI runner (PREFILL.md §4). Off: every expert here.
+  bool expert_parallel = false;
+};
+
+class Engine;
+
+// One request's state: its position, caches and last logits. Made by
+// Engine::new_session; must not outlive its engine.
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  int64_t position() const;  // tokens processed so far
+  // Appends `tokens` at position() (prefill when the session is empty,
+  // decode when one token): the last row's logits and greedy next token
+  // (and what `what` asks for besides).
+  // Throws dsv4::Error on a bad token, a request past the limit or a full
+  // cache pool; the session is then unchanged.
+  PrefillResult append(const std::vector<int32_t>& tokens, const AppendOptions& what = {});
+
+  size_t cache_bytes() const;        // pool pages held
+  uint64_t cache_checksum() const;   // FNV-1a of the caches in logical order
+
+ private:
+  friend class Engine;
+  struct State;
+  Session(Engine* engine, std::unique_ptr<State> state);
+  Engine* engine_;
+  std::unique_ptr<State> state_;
+};
+
+class Engine {
+ public:
+  // Reads DIR/config.json, maps and validates the checkpoint (under
+  // expert_parallel only this rank's routed experts), loads DIR/tokenizer.json
+  // when there is one. Throws dsv4::Error naming the file and field.
+  static std::unique_ptr<Engine> load(const EngineOptions& o);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelConfig& config() const;
+  const EngineOptions& options() const;
+  const Tokenizer* tokenizer() const;  // null when the model directory has none
+  int64_t position_limit() const;      // max_positions capped by max_position_embeddings
+  size_t checkpoint_bytes() const;     // the mapped safetensors files
+  // Reads every page of the mapped weights once (benchmarks: the first
+  // request after loading would otherwise pay for faulting them in).
+  void page_in_weights() const;
+
+  // The cache pool: bytes one session of `positions` positions needs, and
+  // the pool's size (made on first use for one request at the limit unless
+  // set; set it while no session is alive).
+  size_t cache_bytes_for(int64_t positions) const;
+  void set_cache_pool_bytes(size_t bytes);
+  std::unique_ptr<Session> new_session();
+
+  // Advances several sessions together: session i appends tokens[i]. Their
+  // rows share every MoE step (one pass over each expert's weights) and
+  // each session's results are bitwise those it gives alone. A session
+  // whose tokens are invalid or that gets no cache pages fails alone (its
+  // result's `error`; its state unchanged). Under expert_parallel every
+  // rank calls this, with its own sessions, the same number of times.
+  std::vector<PrefillResult> append_batch(const std::vector<Session*>& sessions,
+                                          const std::vector<std::vector<int32_t>>& tokens,
+                                          const AppendOptions& what = {});
+
+  // Expert-parallel traffic so far (collective under expert_parallel: rank
+  // 0 gets every rank's totals); empty totals without it.
+  dist::EpTotals expert_parallel_totals(double wall_seconds) const;
+
+ private:
+  friend class Session;
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4
