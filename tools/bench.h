@@ -9,19 +9,15 @@
 #include <vector>
 
 #include "core/arith.h"
-#include "engine/prefill.h"
+#include "engine/kernel_bench.h"
+#include "engine/request.h"
+#include "io/synthetic.h"
 
 namespace dsv4 {
 
-struct GemmShape {
-  int64_t m = 0, k = 0, n = 0;  // C[m][n] = A[m][k] · B[n][k]ᵀ
-};
-
 struct BenchOptions {
   std::string model_dir;        // load this checkpoint; empty: generate `preset`
-  std::string preset = "tiny";  // synthetic model, written to a temporary directory
-  int layers = -1, experts = -1, vocab = -1;  // preset overrides (-1: the preset's)
-  uint64_t seed = 0;
+  SyntheticOptions synthetic;   // else this preset, written to a temporary directory
   std::vector<int64_t> tokens = {512, 1024, 2048, 4096, 8192};
   int threads = 0;              // 0: the process-wide pool as it is
   int64_t tile_tokens = 128;

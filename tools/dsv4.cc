@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/arith.h"
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/memory_usage.h"
@@ -307,12 +308,6 @@ std::unique_ptr<Engine> load_engine_and_prompt(const Args& a, std::vector<int32_
   return engine;
 }
 
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
-  return buf;
-}
-
 // ---- prefill --requests ----------------------------------------------------------
 
 // One request of a --requests file and what became of it.
@@ -477,7 +472,7 @@ int cmd_prefill_requests(const Args& a) {
   dist::EpTotals ep_totals;
   if (dist::active()) {
     const bool root = gather_requests(runs, secs);
-    ep_totals = engine->expert_parallel_totals(secs);
+    ep_totals = engine->take_expert_parallel_totals(secs);
     if (!root) return 0;
   }
   if (a.has("dump-logits")) dump_request_logits(a.get("dump-logits"), runs, engine->config().vocab_size);
@@ -627,24 +622,25 @@ int cmd_generate(const Args& a) {
   return 0;
 }
 
+// --preset (default tiny), --seed and the --layers/--experts/--vocab overrides.
+SyntheticOptions synthetic_options(const Args& a) {
+  SyntheticOptions o;
+  o.preset = a.get("preset", "tiny");
+  const int64_t seed = a.get_int("seed", 0);
+  if (seed < 0) throw Error("--seed must be >= 0, got " + std::to_string(seed));
+  o.seed = uint64_t(seed);
+  if (a.has("layers")) o.layers = int(a.get_int_in("layers", 0, 1, kMaxCount, "2^30"));
+  if (a.has("experts")) o.experts = int(a.get_int_in("experts", 0, 1, kMaxCount, "2^30"));
+  if (a.has("vocab")) o.vocab = int(a.get_int_in("vocab", 0, 1, kMaxCount, "2^30"));
+  return o;
+}
+
 int cmd_gen_model(const Args& a) {
   check_allowed(a, {"preset", "seed", "out", "layers", "experts", "vocab", "shards", "tokenizer"});
   if (!a.has("out")) throw Error("gen-model needs --out DIR");
   if (!a.has("preset")) throw Error("gen-model needs --preset tiny|flash");
-  SyntheticOptions o;
-  o.preset = a.get("preset");
-  const int64_t seed = a.get_int("seed", 0);
-  if (seed < 0) throw Error("--seed must be >= 0, got " + std::to_string(seed));
-  o.seed = uint64_t(seed);
-  auto int_opt = [&](const std::string& k, int dflt) {
-    const int64_t v = a.get_int(k, dflt);
-    if (v < 1 || v > (int64_t(1) << 30)) throw Error("--" + k + " must be in [1, 2^30], got " + std::to_string(v));
-    return int(v);
-  };
-  if (a.has("layers")) o.layers = int_opt("layers", 0);
-  if (a.has("experts")) o.experts = int_opt("experts", 0);
-  if (a.has("vocab")) o.vocab = int_opt("vocab", 0);
-  o.shards = int_opt("shards", o.shards);
+  SyntheticOptions o = synthetic_options(a);
+  o.shards = int(a.get_int_in("shards", o.shards, 1, kMaxCount, "2^30"));
   // A tokenizer is checked before anything is written: its ids must fit the vocab.
   if (a.has("tokenizer")) {
     const int32_t ids = Tokenizer::load(a.get("tokenizer"))->size();
@@ -830,29 +826,13 @@ int cmd_bench(const Args& a) {
   if (a.has("model") && (a.has("preset") || a.has("layers") || a.has("experts") || a.has("vocab") || a.has("seed")))
     throw Error("bench takes either --model DIR or --preset (with --layers/--experts/--vocab/--seed), not both");
   o.model_dir = a.get("model");
-  o.preset = a.get("preset", "tiny");
-  auto int_opt = [&](const std::string& k) {
-    const int64_t v = a.get_int(k, 0);
-    if (v < 1 || v > (int64_t(1) << 30)) throw Error("--" + k + " must be in [1, 2^30], got " + std::to_string(v));
-    return int(v);
-  };
-  if (a.has("layers")) o.layers = int_opt("layers");
-  if (a.has("experts")) o.experts = int_opt("experts");
-  if (a.has("vocab")) o.vocab = int_opt("vocab");
-  const int64_t seed = a.get_int("seed", 0);
-  if (seed < 0) throw Error("--seed must be >= 0, got " + std::to_string(seed));
-  o.seed = uint64_t(seed);
+  o.synthetic = synthetic_options(a);
   if (a.has("tokens")) o.tokens = parse_token_counts(a.get("tokens"));
-  if (a.has("threads")) {
-    const int64_t t = a.get_int("threads", 0);
-    if (t < 1 || t > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(t));
-    o.threads = int(t);
-  }
+  o.threads = threads_option(a);
   o.tile_tokens = a.get_int("tile-tokens", 128);
   o.chunk_tokens = a.get_int("chunk-tokens", o.chunk_tokens);
   if (a.has("gemm-shapes")) o.gemm_shapes = parse_gemm_shapes(a.get("gemm-shapes"));
-  o.gemm_reps = int(a.get_int("gemm-reps", 3));
-  if (o.gemm_reps < 1 || o.gemm_reps > 1000) throw Error("--gemm-reps must be in [1, 1000]");
+  o.gemm_reps = int(a.get_int_in("gemm-reps", 3, 1, 1000));
   if (a.has("peak-seconds")) {
     char* end = nullptr;
     const std::string v = a.get("peak-seconds");

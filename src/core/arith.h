@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <type_traits>
 
 namespace dsv4 {
@@ -27,6 +29,13 @@ inline uint64_t fnv1a64(const void* data, size_t bytes, uint64_t h = kFnv1aBasis
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+// A checksum as 16 hex digits, as the reports print them.
+inline std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+  return buf;
 }
 
 }  // namespace dsv4

@@ -38,6 +38,8 @@ struct Session::State {
 
 namespace {
 
+volatile uint8_t g_page_in_sink = 0;  // keeps page_in_weights' reads
+
 void check_options(const EngineOptions& o) {
   if (o.model_dir.empty()) throw Error("no model directory given (--model DIR)");
   if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(o.threads));
@@ -101,11 +103,9 @@ void Engine::page_in_weights() const {
     for (size_t b = 0; b < v.nbytes; b += page) s = uint8_t(s + v.data[b]);
     sums[size_t(i)] = s;
   });
-  // The sum is published through a volatile so the reads are kept.
-  static volatile uint8_t sink = 0;
   uint8_t total = 0;
   for (uint8_t s : sums) total = uint8_t(total + s);
-  sink = total;
+  g_page_in_sink = total;
 }
 
 size_t Engine::cache_bytes_for(int64_t positions) const {
@@ -136,9 +136,11 @@ std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& ses
   return extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what), impl_->experts.get());
 }
 
-dist::EpTotals Engine::expert_parallel_totals(double wall_seconds) const {
+dist::EpTotals Engine::take_expert_parallel_totals(double wall_seconds) {
   if (!impl_->experts) return {};
-  return impl_->experts->reduce_totals(wall_seconds);
+  const dist::EpTotals t = impl_->experts->reduce_totals(wall_seconds);
+  impl_->experts->clear_stats();
+  return t;
 }
 
 Session::Session(Engine* engine, std::unique_ptr<State> state) : engine_(engine), state_(std::move(state)) {}

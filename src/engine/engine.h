@@ -97,9 +97,9 @@ class Engine {
                                           const std::vector<std::vector<int32_t>>& tokens,
                                           const AppendOptions& what = {});
 
-  // Expert-parallel traffic so far (collective under expert_parallel: rank
-  // 0 gets every rank's totals); empty totals without it.
-  dist::EpTotals expert_parallel_totals(double wall_seconds) const;
+  // Expert-parallel traffic since the last call (collective under
+  // expert_parallel: rank 0 gets every rank's totals); empty without it.
+  dist::EpTotals take_expert_parallel_totals(double wall_seconds);
 
  private:
   friend class Session;
