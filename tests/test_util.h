@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -72,6 +73,10 @@ inline double rel_l2(const float* a, const float* b, size_t n) {
 }
 inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() ? rel_l2(a.data(), b.data(), a.size()) : INFINITY;
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace dsv4::testing

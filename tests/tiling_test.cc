@@ -3,7 +3,6 @@
 // identical — and the paged caches hold what §2 says, in pool pages.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <fstream>
 
 #include "core/cpu.h"
@@ -15,6 +14,8 @@
 
 namespace dsv4 {
 namespace {
+
+using testing::same_bits;
 
 // gen-model --preset tiny (the golden tiny-a shapes, room for 8192+ tokens).
 const Model& tiny_model() {
@@ -36,10 +37,6 @@ std::vector<int32_t> prompt(int64_t n, int vocab) {
     t[size_t(i)] = i == 0 ? 0 : int32_t((s >> 33) % uint64_t(vocab));
   }
   return t;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 struct Outcome {
