@@ -18,6 +18,7 @@ struct Engine::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<CachePool> pool;
   std::unique_ptr<dist::MpiExpertRunner> experts;  // under expert_parallel
+  BatchActivations activations;                    // every append's blocks, kept
   int live_sessions = 0;
 
   PrefillOptions prefill_options(const AppendOptions& what) const {
@@ -133,7 +134,8 @@ std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& ses
     if (s->engine_ != this) throw Error("append_batch: a session of another engine");
     states.push_back(&s->state_->request);
   }
-  return extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what), impl_->experts.get());
+  return extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what), impl_->experts.get(),
+                      &impl_->activations);
 }
 
 dist::EpTotals Engine::take_expert_parallel_totals(double wall_seconds) {

@@ -49,15 +49,6 @@ struct Segment {
   int64_t i0, p0, n, row0, tile;
 };
 
-// The activation blocks of layer_forward, kept from layer to layer and
-// round to round of one prefill call: blocks this large (32 MB and more for
-// 2048 Flash rows) are mapped afresh by malloc on every allocation and cost
-// page faults and zeroing each time. Each layer writes what it reads.
-struct LayerScratch {
-  std::vector<float> y, f;
-  MoeScratch moe;
-};
-
 // Rows per attention projection step (see layer_forward). Measured on the
 // Flash attention projections, one thread pair: M = 128 -> 512 gave
 // 560-610 -> 600-675 GFLOP/s, M = 2048 no more; 512 rows keep q and the
@@ -82,7 +73,7 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
     // Attention takes the rows in groups of whole tiles, at least
     // kAttentionGroupRows: its projections decode each weight panel once per
     // group, its cache-reading part still goes tile by tile.
-    const int64_t group = (kAttentionGroupRows + s.tile - 1) / s.tile * s.tile;
+    const int64_t group = round_up(kAttentionGroupRows, s.tile);
     for (int64_t g0 = 0; g0 < s.n; g0 += group) {
       const int64_t n = std::min(group, s.n - g0), r0 = s.row0 + g0;
       float* Xg = X + r0 * hc * D;
@@ -157,21 +148,22 @@ std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens
   return std::make_unique<CachePool>(st.pages_missing(model, n_tokens) * probe.page_bytes());
 }
 
-std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<RequestState*>& states,
-                                        const std::vector<std::vector<int32_t>>& tokens, const PrefillOptions& opts,
-                                        ExpertRunner* experts) {
-  const ModelConfig& c = model.config;
-  const size_t Q = states.size();
-  if (tokens.size() != Q) throw Error("extend_batch: " + std::to_string(Q) + " states for " + std::to_string(tokens.size()) + " prompts");
-  if (opts.teacher && Q != 1) throw Error("teacher forcing takes exactly one request");
-  const int64_t D = c.hidden_size, hc = c.hc_mult, L = c.num_hidden_layers;
-  std::vector<PrefillResult> res(Q);
+namespace {
 
-  // Check and reserve request by request: a failure stays with its request.
-  std::vector<bool> ok(Q, false);
-  std::vector<int64_t> tile(Q, 0), chunk(Q, 0), start(Q, 0);
-  int64_t rounds = 0;
-  for (size_t q = 0; q < Q; ++q) {
+// How one request walks an extend_batch call: its positions, tile and chunk.
+struct RequestPlan {
+  bool ok = false;  // validated and its pages reserved
+  int64_t start = 0, n = 0, tile = 0, chunk = 0;
+};
+
+// Checks and reserves request by request: a failure stays with its request
+// (its result's error). Sizes the results' optional blocks.
+std::vector<RequestPlan> plan_requests(const Model& model, const std::vector<RequestState*>& states,
+                                       const std::vector<std::vector<int32_t>>& tokens, const PrefillOptions& opts,
+                                       std::vector<PrefillResult>& res) {
+  const ModelConfig& c = model.config;
+  std::vector<RequestPlan> plans(states.size());
+  for (size_t q = 0; q < states.size(); ++q) {
     try {
       if (states[q]->n_tokens > 0 && opts.teacher) throw Error("teacher forcing needs a request that starts at position 0");
       validate_prompt(c, tokens[q], prompt_limit(c, opts.max_prompt), states[q]->n_tokens);
@@ -180,83 +172,124 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
       res[q].error = e.what();
       continue;
     }
-    ok[q] = true;
-    const int64_t N = int64_t(tokens[q].size());
-    start[q] = states[q]->n_tokens;
-    tile[q] = opts.tile_tokens > 0 ? std::min(opts.tile_tokens, N) : N;
-    chunk[q] = opts.chunk_tokens > 0 ? std::min(N, (opts.chunk_tokens + tile[q] - 1) / tile[q] * tile[q]) : N;
-    rounds = std::max(rounds, (N + chunk[q] - 1) / chunk[q]);
-    if (opts.keep_hidden) res[q].hidden.resize(size_t(N * D));
-    if (opts.keep_residuals) res[q].residuals.resize(size_t(L * N * hc * D));
+    RequestPlan& p = plans[q];
+    p.ok = true;
+    p.n = int64_t(tokens[q].size());
+    p.start = states[q]->n_tokens;
+    p.tile = opts.tile_tokens > 0 ? std::min(opts.tile_tokens, p.n) : p.n;
+    p.chunk = opts.chunk_tokens > 0 ? std::min(p.n, round_up(opts.chunk_tokens, p.tile)) : p.n;
+    if (opts.keep_hidden) res[q].hidden.resize(size_t(p.n * c.hidden_size));
+    if (opts.keep_residuals)
+      res[q].residuals.resize(size_t(c.num_hidden_layers * p.n * c.hc_mult * c.hidden_size));
+  }
+  return plans;
+}
+
+// The segments of chunk round `round`: each request's next chunk, their rows
+// one after another; `round_tokens` gets their token ids in row order.
+std::vector<Segment> round_segments(const std::vector<RequestPlan>& plans, const std::vector<RequestState*>& states,
+                                    const std::vector<std::vector<int32_t>>& tokens, int64_t round,
+                                    std::vector<int32_t>& round_tokens, int64_t* rows) {
+  std::vector<Segment> segs;
+  *rows = 0;
+  round_tokens.clear();
+  for (size_t q = 0; q < plans.size(); ++q) {
+    const RequestPlan& p = plans[q];
+    const int64_t i0 = round * p.chunk;
+    if (!p.ok || i0 >= p.n) continue;
+    const int64_t n = std::min(p.chunk, p.n - i0);
+    segs.push_back(Segment{q, states[q], tokens[q].data() + i0, i0, p.start + i0, n, *rows, p.tile});
+    round_tokens.insert(round_tokens.end(), tokens[q].begin() + i0, tokens[q].begin() + i0 + n);
+    *rows += n;
+  }
+  return segs;
+}
+
+// Every row's embedding, copied to the hc streams of X.
+void embed_rows(const Model& model, const std::vector<Segment>& segs, float* X) {
+  const int64_t D = model.config.hidden_size, hc = model.config.hc_mult;
+  std::vector<float> erow(static_cast<size_t>(D));
+  for (const Segment& s : segs)
+    for (int64_t i = 0; i < s.n; ++i) {
+      model.weights.embed.dequant_row(s.tokens[i], erow.data());
+      for (int64_t k = 0; k < hc; ++k) std::copy(erow.begin(), erow.end(), X + ((s.row0 + i) * hc + k) * D);
+    }
+}
+
+// Copies each segment's rows of layer `l` between X and a request's
+// [layers][N][hc][D] block (teacher input in, residuals out).
+void copy_layer_rows(const std::vector<Segment>& segs, int64_t row_floats, int64_t l,
+                     const std::vector<int64_t>& n_of_request, const float* from_block, float* X) {
+  for (const Segment& s : segs)
+    std::memcpy(X + s.row0 * row_floats, from_block + (l * n_of_request[s.request] + s.i0) * row_floats,
+                size_t(s.n * row_floats) * sizeof(float));
+}
+
+// The head for each request that ends in this round: final norm (of every
+// row with keep_hidden), logits and next token; advances every state.
+void finish_round(const Model& model, const std::vector<Segment>& segs, const std::vector<RequestPlan>& plans,
+                  const PrefillOptions& opts, const float* X, std::vector<PrefillResult>& res) {
+  const ModelConfig& c = model.config;
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  ScopedStage head_stage(Stage::kHead);
+  for (const Segment& s : segs) {
+    PrefillResult& r = res[s.request];
+    const int64_t N = plans[s.request].n;
+    const bool last = s.i0 + s.n == N;
+    if (opts.keep_hidden) {
+      final_norm(model, X + s.row0 * hc * D, s.n, r.hidden.data() + s.i0 * D);
+    } else if (last) {
+      r.hidden.resize(size_t(D));
+      final_norm(model, X + (s.row0 + s.n - 1) * hc * D, 1, r.hidden.data());
+    }
+    s.st->n_tokens = s.p0 + s.n;
+    if (!last) continue;
+    const float* h = r.hidden.data() + (opts.keep_hidden ? (N - 1) * D : 0);
+    r.logits.resize(size_t(c.vocab_size));
+    LinearOpts fp32_out;
+    fp32_out.out_bf16 = false;
+    linear(model.weights.head, h, 1, r.logits.data(), fp32_out);
+    r.next_token = argmax(r.logits.data(), c.vocab_size);
+    r.cache_bytes = s.st->cache_bytes();
+  }
+}
+
+}  // namespace
+
+std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<RequestState*>& states,
+                                        const std::vector<std::vector<int32_t>>& tokens, const PrefillOptions& opts,
+                                        ExpertRunner* experts, BatchActivations* act) {
+  const ModelConfig& c = model.config;
+  const size_t Q = states.size();
+  if (tokens.size() != Q) throw Error("extend_batch: " + std::to_string(Q) + " states for " + std::to_string(tokens.size()) + " prompts");
+  if (opts.teacher && Q != 1) throw Error("teacher forcing takes exactly one request");
+  const int64_t row_floats = int64_t(c.hc_mult) * c.hidden_size;
+  std::vector<PrefillResult> res(Q);
+  const std::vector<RequestPlan> plans = plan_requests(model, states, tokens, opts, res);
+  std::vector<int64_t> n_of_request(Q);
+  int64_t rounds = 0;
+  for (size_t q = 0; q < Q; ++q) {
+    n_of_request[q] = plans[q].n;
+    if (plans[q].ok) rounds = std::max(rounds, ceil_div(plans[q].n, plans[q].chunk));
   }
   if (experts) rounds = experts->agree_rounds(rounds);
-
-  // The residual stream X (128 MB for 2048 Flash rows) and the layer blocks
-  // (y_routed alone 200 MB) are kept from call to call on this thread, as
-  // core/scratch.h keeps smaller ones (and in huge pages): allocated per
-  // call, they were mapped, faulted in and zeroed on the calling thread
-  // while the workers waited (~1.5 s of page faults and memset over a bench
-  // run of N = 2048 and 8192). extend_batch is not re-entered on its thread
-  // (an ExpertRunner does not call it), and every block is written before
-  // it is read.
-  thread_local std::vector<float> X;
-  thread_local LayerScratch scratch;
-  std::vector<float> erow(static_cast<size_t>(D));
+  BatchActivations local;
+  BatchActivations& a = act ? *act : local;
   std::vector<int32_t> round_tokens;
   for (int64_t round = 0; round < rounds; ++round) {
-    std::vector<Segment> segs;
     int64_t rows = 0;
-    round_tokens.clear();
-    for (size_t q = 0; q < Q; ++q) {
-      if (!ok[q]) continue;
-      const int64_t N = int64_t(tokens[q].size()), i0 = round * chunk[q];
-      if (i0 >= N) continue;
-      const int64_t n = std::min(chunk[q], N - i0);
-      segs.push_back(Segment{q, states[q], tokens[q].data() + i0, i0, start[q] + i0, n, rows, tile[q]});
-      round_tokens.insert(round_tokens.end(), tokens[q].begin() + i0, tokens[q].begin() + i0 + n);
-      rows += n;
-    }
-    dsv4::scratch(X, size_t(rows * hc * D));
-    for (const Segment& s : segs)
-      for (int64_t i = 0; i < s.n; ++i) {
-        model.weights.embed.dequant_row(s.tokens[i], erow.data());
-        for (int64_t k = 0; k < hc; ++k) std::copy(erow.begin(), erow.end(), X.begin() + ((s.row0 + i) * hc + k) * D);
-      }
-    for (int64_t l = 0; l < L; ++l) {
-      if (opts.teacher && l > 0)
-        for (const Segment& s : segs)
-          std::memcpy(X.data() + s.row0 * hc * D,
-                      opts.teacher + (((l - 1) * int64_t(tokens[s.request].size()) + s.i0) * hc) * D,
-                      size_t(s.n * hc * D) * sizeof(float));
-      layer_forward(model, int(l), segs, round_tokens.data(), rows, X.data(), experts, scratch);
+    const std::vector<Segment> segs = round_segments(plans, states, tokens, round, round_tokens, &rows);
+    float* X = scratch(a.X, size_t(rows * row_floats));
+    embed_rows(model, segs, X);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      if (opts.teacher && l > 0) copy_layer_rows(segs, row_floats, l - 1, n_of_request, opts.teacher, X);
+      layer_forward(model, int(l), segs, round_tokens.data(), rows, X, experts, a.layer);
       if (opts.keep_residuals)
-        for (const Segment& s : segs) {
-          const int64_t N = int64_t(tokens[s.request].size());
-          std::memcpy(res[s.request].residuals.data() + ((l * N + s.i0) * hc) * D, X.data() + s.row0 * hc * D,
-                      size_t(s.n * hc * D) * sizeof(float));
-        }
+        for (const Segment& s : segs)
+          std::memcpy(res[s.request].residuals.data() + (l * n_of_request[s.request] + s.i0) * row_floats,
+                      X + s.row0 * row_floats, size_t(s.n * row_floats) * sizeof(float));
     }
-    ScopedStage head_stage(Stage::kHead);
-    for (const Segment& s : segs) {
-      PrefillResult& r = res[s.request];
-      const int64_t N = int64_t(tokens[s.request].size());
-      const bool last = s.i0 + s.n == N;
-      if (opts.keep_hidden) {
-        final_norm(model, X.data() + s.row0 * hc * D, s.n, r.hidden.data() + s.i0 * D);
-      } else if (last) {
-        r.hidden.resize(size_t(D));
-        final_norm(model, X.data() + (s.row0 + s.n - 1) * hc * D, 1, r.hidden.data());
-      }
-      s.st->n_tokens = s.p0 + s.n;
-      if (!last) continue;
-      const float* h = r.hidden.data() + (opts.keep_hidden ? (N - 1) * D : 0);
-      r.logits.resize(size_t(c.vocab_size));
-      LinearOpts fp32_out;
-      fp32_out.out_bf16 = false;
-      linear(model.weights.head, h, 1, r.logits.data(), fp32_out);
-      r.next_token = argmax(r.logits.data(), c.vocab_size);
-      r.cache_bytes = s.st->cache_bytes();
-    }
+    finish_round(model, segs, plans, opts, X, res);
   }
   return res;
 }

@@ -42,15 +42,33 @@ struct RequestState {
 PrefillResult extend(const Model& model, RequestState& state, const std::vector<int32_t>& tokens,
                      const PrefillOptions& opts);
 
+// The activation blocks of the layers, kept from layer to layer and call to
+// call: blocks this large (32 MB and more for 2048 Flash rows) would be
+// mapped, faulted in and zeroed afresh by every allocation. Each layer
+// writes what it reads.
+struct LayerScratch {
+  std::vector<float> y, f;
+  MoeScratch moe;
+};
+
+// What one extend_batch call works in: the residual stream X
+// [rows][hc][D] of a chunk round and the layers' blocks. The engine keeps
+// one per batch of sessions and passes it to every call.
+struct BatchActivations {
+  std::vector<float> X;
+  LayerScratch layer;
+};
+
 // Several requests at once: request i appends tokens[i] to states[i]. A
 // request that is invalid or does not get its cache pages fails alone (its
 // result's `error` says why; its state is unchanged); the others go on and
 // give bitwise the results they give alone. With `experts`, the routed
 // experts run through it and the number of chunk rounds is agreed with it
 // (every participant takes the same MoE steps, with zero rows if need be).
+// `act` holds the activation blocks (null: this call makes its own).
 std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<RequestState*>& states,
                                         const std::vector<std::vector<int32_t>>& tokens, const PrefillOptions& opts,
-                                        ExpertRunner* experts = nullptr);
+                                        ExpertRunner* experts = nullptr, BatchActivations* act = nullptr);
 
 // A whole prompt from empty state, with pages from `pool` (null: a pool of
 // exactly the request's size).
