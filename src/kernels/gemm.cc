@@ -15,6 +15,7 @@
 #include "core/arith.h"
 #include "core/cpu.h"
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_micro.h"
 
@@ -104,16 +105,15 @@ int64_t padded_row_stride(int64_t n) {
 
 // Packs A into bf16 pairs: true when the BF16 kernel may read it;
 // *min_exponent as gemm_pack_rows_bf16 gives it. Rows in blocks over the pool.
-bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, int64_t ldp, bool parallel,
-                  std::vector<uint32_t>& out, int* min_exponent) {
+bool pack_a_pairs(const float* A, int64_t lda, int64_t M, int64_t K, int64_t ldp, bool parallel, uint32_t* out,
+                  int* min_exponent) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   const int64_t rows_per_block = 32, blocks = ceil_div(M, rows_per_block);
-  if (out.size() < size_t(M * ldp)) out.resize(size_t(M * ldp));
   std::vector<int> ok(static_cast<size_t>(blocks)), exps(static_cast<size_t>(blocks));
   auto pack = [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t m0 = b * rows_per_block, rows = std::min(rows_per_block, M - m0);
-      ok[size_t(b)] = gemm_pack_rows_bf16(A + m0 * lda, lda, rows, K, out.data() + m0 * ldp, ldp, &exps[size_t(b)]);
+      ok[size_t(b)] = gemm_pack_rows_bf16(A + m0 * lda, lda, rows, K, out + m0 * ldp, ldp, &exps[size_t(b)]);
     }
   };
   for_ranges(parallel, blocks, pack);
@@ -203,25 +203,23 @@ int64_t row_slice(int64_t M, int64_t K, int64_t N, int64_t MC) {
 // exact (see kDotMinBiasedExponentSum); the others run on the fp32 kernel.
 // Both give the same bits, so the choice per panel changes only the speed.
 //
-// Both copies are kept per thread from call to call (a fresh vector was
-// zero-filled every call: the attention's per-query products are small and
-// many). No gemm runs inside another on one thread: the row slices return
-// first. The tasks, on other threads, reach them through the plan's pointers.
+// Both copies are in this thread's workspace (core/scratch.h); the tasks,
+// on every thread, read them through the plan's pointers.
 void prepare_a(Plan& p, const float* A, int64_t lda, bool parallel) {
-  thread_local std::vector<uint32_t> a_pairs;
-  thread_local std::vector<float> a_rows;
   p.a = A;
   p.lda = lda;
   p.KH = ceil_div<int64_t>(p.K, 2);
   p.ldp = padded_row_stride(p.KH);
-  if (kernel_isa() == Isa::kAvx512Bf16 && pack_a_pairs(A, lda, p.M, p.K, p.ldp, parallel, a_pairs, &p.a_min_exponent)) {
-    p.a_pairs = a_pairs.data();
-    return;
+  if (kernel_isa() == Isa::kAvx512Bf16) {
+    uint32_t* pairs = workspace<uint32_t>(Buf::kGemmAPairs, size_t(p.M * p.ldp));
+    if (pack_a_pairs(A, lda, p.M, p.K, p.ldp, parallel, pairs, &p.a_min_exponent)) {
+      p.a_pairs = pairs;
+      return;
+    }
   }
   if (p.mk.mr > 8 && p.M > 1 && (lda * 4) % 2048 == 0) {
     const int64_t ld = padded_row_stride(p.K), K = p.K;
-    if (a_rows.size() < size_t(p.M * ld)) a_rows.resize(size_t(p.M * ld));
-    float* dst = a_rows.data();
+    float* dst = workspace<float>(Buf::kGemmARows, size_t(p.M * ld));
     for_ranges(parallel, p.M, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) std::copy(A + r * lda, A + r * lda + K, dst + r * ld);
     });
@@ -346,20 +344,18 @@ void write_chunk(const float* C, int64_t ldc, int64_t m0, int64_t mc, int64_t n0
 // chunk of MC rows computes and writes the chunk's outputs.
 void run_tasks(const Plan& p, int64_t t0, int64_t t1, const PanelLoader& load, const PairLoader* load_pairs,
                const PairSource* pair_source, const GemmOut& out) {
-  thread_local std::vector<float> B, C;
-  thread_local std::vector<uint32_t> Bp;
-  B.resize(size_t(GP * p.K * NR));
-  C.resize(size_t(p.MC * GP * NR));
-  if (p.dot()) Bp.resize(size_t(GP * p.KH * NR));
+  float* const B = workspace<float>(Buf::kGemmPanels, size_t(GP * p.K * NR));
+  float* const C = workspace<float>(Buf::kGemmSums, size_t(p.MC * GP * NR));
+  uint32_t* const Bp = p.dot() ? workspace<uint32_t>(Buf::kGemmPanelPairs, size_t(GP * p.KH * NR)) : nullptr;
   const int64_t ldc = GP * NR;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t p0 = t * GP, n0 = p0 * NR;
-    const TaskPanels panels = load_panels(p, p0, load, load_pairs, pair_source, B.data(), Bp.data());
+    const TaskPanels panels = load_panels(p, p0, load, load_pairs, pair_source, B, Bp);
     const int64_t nc = std::min(panels.np * NR, p.N - n0);
     for (int64_t m0 = 0; m0 < p.M; m0 += p.MC) {
       const int64_t mc = std::min(p.MC, p.M - m0);
-      run_chunk(p, panels, m0, mc, C.data(), ldc);
-      write_chunk(C.data(), ldc, m0, mc, n0, nc, out);
+      run_chunk(p, panels, m0, mc, C, ldc);
+      write_chunk(C, ldc, m0, mc, n0, nc, out);
     }
   }
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <vector>
 
 #include "core/cpu.h"
 #include "core/formats.h"
@@ -68,13 +67,12 @@ void Weight::dequant_row(int64_t o, float* dst) const {
 }
 
 void Weight::dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) const {
-  thread_local std::vector<float> row;
-  row.resize(size_t(in));
+  float* const row = workspace<float>(Buf::kPanelRow, size_t(in));
   for (int j = 0; j < kGemmNR; ++j) {
     const int64_t o = o0 + j;
     if (o < o_end) {
-      dequant_row(o, row.data());
-      for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = row[size_t(k)];
+      dequant_row(o, row);
+      for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = row[k];
     } else {
       for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = 0.f;
     }
@@ -335,8 +333,7 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   if (ldy < 0) ldy = row_end - row_begin;
   const int64_t K = w.in;
   if (opts.act_quant) {
-    thread_local std::vector<float> xq_buf;
-    float* xq = scratch(xq_buf, size_t(M * K));
+    float* const xq = workspace<float>(Buf::kLinearInput, size_t(M * K));
     act_quant_rows(x, M, K, ldx, opts, xq);
     x = xq;
     ldx = K;
