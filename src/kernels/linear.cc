@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "core/arith.h"
 #include "core/cpu.h"
 #include "core/formats.h"
 #include "core/scratch.h"
@@ -35,7 +36,7 @@ void Weight::dequant_row(int64_t o, float* dst) const {
     case Kind::kFP8: {
       const float* lut = e4m3_table();
       const uint8_t* r = data + o * in;
-      int64_t scols = (in + block - 1) / block;
+      int64_t scols = ceil_div<int64_t>(in, block);
       const uint8_t* srow = scale + (o / block) * scols;
       for (int64_t b = 0; b < scols; ++b) {
         float s = e8m0_to_f32(srow[b]);
@@ -268,7 +269,7 @@ void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 }
 
 void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const int64_t scols = (w.in + w.block - 1) / w.block;
+  const int64_t scols = ceil_div<int64_t>(w.in, w.block);
   const Rows8 r[2] = {Rows8(w, o0, o_end, w.in, scols, w.block, o0), Rows8(w, o0 + 8, o_end, w.in, scols, w.block, o0)};
   if (o0 + 16 <= o_end)
     panel_fp8_rows16<true>(w, r, panel);
