@@ -5,11 +5,11 @@
 // thread's workspace: workspace<T>(Buf::kName, n) returns that thread's
 // buffer kName with room for n values. A buffer grows to the largest size
 // asked of it and stays, so steady-state calls allocate nothing. A fresh
-// std::vector per call was zero-filled every time and, over glibc's mmap
-// threshold (blocks of up to 32 MB get their own mapping), also mapped and
-// faulted in anew: a 2048-row shared expert ran at half the speed of the
-// same product on kept buffers. Buffers of 4 MB and more are advised into
-// huge pages before their first touch.
+// std::vector per call would be zero-filled every time and, over glibc's
+// mmap threshold (blocks of up to 32 MB get their own mapping), also mapped
+// and faulted in anew, which costs a large product as much as its
+// arithmetic. Buffers of 4 MB and more are advised into huge pages before
+// their first touch.
 //
 // Every thread has its own workspace (each pool worker, and each thread
 // that calls a kernel), created on its first use and freed when the thread
@@ -49,8 +49,8 @@ enum class Buf {
 
 // Asks the kernel to back [p, p + bytes) with transparent huge pages where
 // it allows them on request (Linux THP "madvise" mode; elsewhere nothing).
-// On the project VM, faulting in fresh memory 4 KB at a time cost ~3.5 ms
-// per MB (400 MB: 1.42 s); in 2 MB pages 0.04-0.9 s.
+// Fresh memory faulted in 4 KB at a time costs milliseconds per MB (~3.5 ms
+// on the project VM); 2 MB pages take 512 times fewer faults.
 void advise_huge_pages(void* p, size_t bytes);
 
 namespace detail {

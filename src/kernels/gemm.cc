@@ -28,9 +28,8 @@ constexpr int64_t KC = 1024;  // k per block: the sub-panels stream from L2
 constexpr int64_t GP = 4;     // panels per task: an A micro-panel is reused GP times from L1
 // Micro-tiles per chunk of A rows. A task's partial sums are MC × GP·16
 // floats (48 KB with AVX2's 6-row tiles); with the KC × GP·16 B sub-block
-// (256 KB) they stay in a 512 KB L2. Without the chunks the partial sums of
-// all M rows (512 KB at M = 2048) pushed the sub-block out of L2 and
-// large-M products fell to ~55% of peak.
+// (256 KB) they stay in a 512 KB L2; the partial sums of all M rows
+// (512 KB at M = 2048) would push the sub-block out of L2.
 constexpr int64_t kTilesPerChunk = 32;
 static_assert(KC % 2 == 0, "k blocks start on a pair");
 
