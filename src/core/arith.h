@@ -1,5 +1,7 @@
 // Small integer and hashing helpers used across the code, so that each is
-// written once.
+// written once. The files compiled with -mavx512f spell these out instead:
+// they call no inline function of another header (kernels/gemm_micro.h
+// says why).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -160,8 +160,8 @@ void q4_block_reference(float* x, size_t n) {
 // and the rounding's NaN rules). The magnitude code counts the rounding
 // midpoints below |v| with f32_to_e2m1's comparisons, and one 8-entry
 // vpermps gives the magnitude; the sign is v's (a clamped -0 stays -0).
-// Why: the indexer quantises every query and compressed key this way, and
-// the scalar loop was 1.35% of the N = 4096 profile.
+// Why: the indexer quantises every query and compressed key this way, a
+// visible share of a prefill's time in the scalar loop.
 bool q4_block_avx2(float* x, size_t n) {
   float amax;
   if (!finite_block_amax_avx2(x, n, &amax)) return false;

@@ -1,6 +1,8 @@
 #include "core/scratch.h"
 
+#include <array>
 #include <cstdint>
+#include <new>
 
 #ifdef __linux__
 #include <sys/mman.h>
@@ -20,5 +22,42 @@ void advise_huge_pages(void* p, size_t bytes) {
   (void)p, (void)bytes;
 #endif
 }
+
+namespace detail {
+
+namespace {
+
+constexpr std::align_val_t kAlign{64};
+
+// One thread's buffers, freed when the thread ends.
+struct Workspace {
+  std::array<WorkspaceBuffer, size_t(Buf::kCount)> buffers;
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    for (WorkspaceBuffer& b : buffers) ::operator delete(b.data, kAlign);
+  }
+};
+
+}  // namespace
+
+WorkspaceBuffer& workspace_buffer(Buf b) {
+  // The one thread_local behind every workspace<T>() (scratch.h).
+  thread_local Workspace ws;
+  return ws.buffers[size_t(b)];
+}
+
+void grow_workspace_buffer(WorkspaceBuffer& b, size_t bytes) {
+  ::operator delete(b.data, kAlign);
+  b.data = nullptr;
+  b.bytes = 0;
+  void* p = ::operator new(bytes, kAlign);  // not touched here: the first write faults the pages in
+  if (bytes >= (size_t(4) << 20)) advise_huge_pages(p, bytes);
+  b.data = p;
+  b.bytes = bytes;
+}
+
+}  // namespace detail
 
 }  // namespace dsv4

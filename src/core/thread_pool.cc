@@ -4,6 +4,8 @@
 #include <memory>
 #include <utility>
 
+#include "core/arith.h"
+
 namespace dsv4 {
 
 namespace {
@@ -68,7 +70,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   }
   // A few chunks per thread balance uneven work; chunking only decides who
   // computes an index, never how.
-  int64_t chunk = std::max<int64_t>(min_chunk, (n + threads * 4 - 1) / (threads * 4));
+  int64_t chunk = std::max<int64_t>(min_chunk, ceil_div(n, threads * 4));
   {
     std::lock_guard<std::mutex> l(mu_);
     job_ = &fn;

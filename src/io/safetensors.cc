@@ -85,7 +85,10 @@ MappedFile::~MappedFile() {
   }
 }
 
-std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, const std::string& origin) {
+namespace {
+
+// The JSON header of a safetensors file of `size` bytes; *n: its length.
+json read_header(const uint8_t* bytes, size_t size, const std::string& origin, uint64_t* n_out) {
   if (size < 8) throw Error(origin + ": file too short for a safetensors header (" + std::to_string(size) + " bytes)");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
@@ -100,54 +103,58 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
   json h = json::parse(bytes + 8, bytes + 8 + n, nullptr, false);
   if (h.is_discarded()) throw Error(origin + ": header is not valid JSON");
   if (!h.is_object()) throw Error(origin + ": header must be a JSON object");
-  const uint8_t* base = bytes + 8 + n;
-  const uint64_t data_size = size - 8 - n;
+  *n_out = n;
+  return h;
+}
 
-  std::vector<TensorView> out;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (auto it = h.begin(); it != h.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const std::string where = origin + ": tensor '" + it.key() + "'";
-    const json& t = it.value();
-    if (!t.is_object()) throw Error(where + ": entry must be an object");
-    auto dt = t.find("dtype");
-    auto sh = t.find("shape");
-    auto off = t.find("data_offsets");
-    if (dt == t.end() || !dt->is_string()) throw Error(where + ": missing or invalid 'dtype'");
-    if (sh == t.end() || !sh->is_array()) throw Error(where + ": missing or invalid 'shape'");
-    if (off == t.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-        !(*off)[1].is_number_unsigned())
-      throw Error(where + ": missing or invalid 'data_offsets'");
-    TensorView v;
-    v.name = it.key();
-    v.file = origin;
-    if (!parse_dtype(dt->get<std::string>(), &v.dtype))
-      throw Error(where + ": unknown dtype '" + dt->get<std::string>() + "'");
-    uint64_t numel = 1;
-    for (const json& d : *sh) {
-      if (!d.is_number_unsigned()) throw Error(where + ": shape entries must be non-negative integers");
-      uint64_t di = d.get<uint64_t>();
-      // Bounded so that numel x dtype size (<= 8) below cannot overflow.
-      if (di != 0 && numel > (uint64_t(1) << 60) / di) throw Error(where + ": shape is too large");
-      numel *= di;
-      v.shape.push_back(int64_t(di));
-    }
-    uint64_t b = (*off)[0].get<uint64_t>(), e = (*off)[1].get<uint64_t>();
-    if (b > e || e > data_size)
-      throw Error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
-                  "] out of range of the data block (" + std::to_string(data_size) + " bytes)");
-    uint64_t want = numel * dtype_size(v.dtype);
-    if (e - b != want)
-      throw Error(where + ": byte size " + std::to_string(e - b) + " != product(shape " + shape_str(v.shape) +
-                  ") x " + std::to_string(dtype_size(v.dtype)) + " = " + std::to_string(want));
-    v.data = base + b;
-    v.nbytes = size_t(e - b);
-    ranges.push_back({b, e});
-    out.push_back(std::move(v));
+// The header entry `t` of tensor `name`, checked against the data block
+// [base, base + data_size); *range: its byte range in the block.
+TensorView parse_entry(const std::string& name, const json& t, const std::string& origin, const uint8_t* base,
+                       uint64_t data_size, std::pair<uint64_t, uint64_t>* range) {
+  const std::string where = origin + ": tensor '" + name + "'";
+  if (!t.is_object()) throw Error(where + ": entry must be an object");
+  auto dt = t.find("dtype");
+  auto sh = t.find("shape");
+  auto off = t.find("data_offsets");
+  if (dt == t.end() || !dt->is_string()) throw Error(where + ": missing or invalid 'dtype'");
+  if (sh == t.end() || !sh->is_array()) throw Error(where + ": missing or invalid 'shape'");
+  if (off == t.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    throw Error(where + ": missing or invalid 'data_offsets'");
+  TensorView v;
+  v.name = name;
+  v.file = origin;
+  if (!parse_dtype(dt->get<std::string>(), &v.dtype))
+    throw Error(where + ": unknown dtype '" + dt->get<std::string>() + "'");
+  uint64_t numel = 1;
+  for (const json& d : *sh) {
+    if (!d.is_number_unsigned()) throw Error(where + ": shape entries must be non-negative integers");
+    uint64_t di = d.get<uint64_t>();
+    // Bounded so that numel x dtype size (<= 8) below cannot overflow.
+    if (di != 0 && numel > (uint64_t(1) << 60) / di) throw Error(where + ": shape is too large");
+    numel *= di;
+    v.shape.push_back(int64_t(di));
   }
-  // Overlap check over the non-empty ranges sorted by begin: a range overlaps
-  // an earlier one iff it begins before the furthest end seen so far (checking
-  // only neighbours would miss a range nested after a zero-size one).
+  uint64_t b = (*off)[0].get<uint64_t>(), e = (*off)[1].get<uint64_t>();
+  if (b > e || e > data_size)
+    throw Error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                "] out of range of the data block (" + std::to_string(data_size) + " bytes)");
+  uint64_t want = numel * dtype_size(v.dtype);
+  if (e - b != want)
+    throw Error(where + ": byte size " + std::to_string(e - b) + " != product(shape " + shape_str(v.shape) +
+                ") x " + std::to_string(dtype_size(v.dtype)) + " = " + std::to_string(want));
+  v.data = base + b;
+  v.nbytes = size_t(e - b);
+  *range = {b, e};
+  return v;
+}
+
+// Throws when two tensors' non-empty byte ranges overlap. Over the ranges
+// sorted by begin: a range overlaps an earlier one iff it begins before the
+// furthest end seen so far (checking only neighbours would miss a range
+// nested after a zero-size one).
+void check_no_overlap(const std::vector<TensorView>& out, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                      const std::string& origin) {
   std::vector<size_t> order;
   for (size_t i = 0; i < out.size(); ++i)
     if (ranges[i].second > ranges[i].first) order.push_back(i);
@@ -160,6 +167,23 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
                   "' have overlapping data_offsets");
     if (k == 0 || ranges[i].second > ranges[furthest].second) furthest = i;
   }
+}
+
+}  // namespace
+
+std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, const std::string& origin) {
+  uint64_t n = 0;
+  const json h = read_header(bytes, size, origin, &n);
+  const uint8_t* base = bytes + 8 + n;
+  const uint64_t data_size = size - 8 - n;
+  std::vector<TensorView> out;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    ranges.emplace_back();
+    out.push_back(parse_entry(it.key(), it.value(), origin, base, data_size, &ranges.back()));
+  }
+  check_no_overlap(out, ranges, origin);
   return out;
 }
 

@@ -254,6 +254,13 @@ struct StringHash {
 };
 using PieceCache = std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>;
 
+// An entry of tokenizer.json's added_tokens.
+struct AddedToken {
+  int32_t id;
+  std::string content;
+  bool special, normalized;
+};
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -286,8 +293,18 @@ struct Tokenizer::Impl {
 
   [[noreturn]] void fail(const std::string& msg) const { throw Error(origin + ": " + msg); }
 
+  // load reads tokenizer.json in these steps, each failing with the field's
+  // name on what this tokenizer does not support.
   void load(const json& j);
+  void check_normalizer(const json& j) const;
+  void check_model(const json& m);
+  int32_t load_vocab(const json& v);  // returns the largest id
+  std::vector<AddedToken> read_added_tokens(const json& j, int32_t* max_id) const;
+  void build_id_tables(const std::vector<AddedToken>& adds, int32_t max_id);
+  void find_byte_tokens();
+  void load_merges(const json& ms);
   void load_pre_tokenizer(const json& p);
+  void create_matcher();
   void add_split(const json& step, size_t index);
 
   void split_added(std::string_view text, const Trie& trie, std::vector<Segment>* segs) const;
@@ -302,16 +319,36 @@ struct Tokenizer::Impl {
 constexpr int64_t kMaxTokenId = (int64_t(1) << 22) - 1;
 
 void Tokenizer::Impl::load(const json& j) {
+  check_normalizer(j);
+  if (!j.contains("model") || !j["model"].is_object()) fail("no 'model' object");
+  const json& m = j["model"];
+  check_model(m);
+  int32_t max_id = load_vocab(m["vocab"]);
+  const std::vector<AddedToken> adds = read_added_tokens(j, &max_id);
+  build_id_tables(adds, max_id);
+  find_byte_tokens();
+  load_merges(m["merges"]);
+
+  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) fail("no pre_tokenizer: a byte-level one is needed");
+  load_pre_tokenizer(j["pre_tokenizer"]);
+
+  if (!j.contains("decoder") || !j["decoder"].is_object() || j["decoder"].value("type", "") != "ByteLevel")
+    fail("decoder must be ByteLevel");
+
+  create_matcher();
+}
+
+void Tokenizer::Impl::check_normalizer(const json& j) const {
   // Normalizer: none, or an empty Sequence (the DeepSeek files).
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     const json& n = j["normalizer"];
     if (!(n.value("type", "") == "Sequence" && n.contains("normalizers") && n["normalizers"].empty()))
       fail("normalizer " + n.dump().substr(0, 80) + " is not supported (only none or an empty Sequence)");
   }
+}
 
+void Tokenizer::Impl::check_model(const json& m) {
   // Model: byte-level BPE without dropout, unk, prefixes or byte fallback.
-  if (!j.contains("model") || !j["model"].is_object()) fail("no 'model' object");
-  const json& m = j["model"];
   if (m.value("type", "BPE") != "BPE") fail("model.type '" + m.value("type", "") + "' is not supported (only BPE)");
   auto must_be_null = [&](const char* k) {
     if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
@@ -322,48 +359,49 @@ void Tokenizer::Impl::load(const json& j) {
   must_be_null("end_of_word_suffix");
   if (m.value("byte_fallback", false)) fail("model.byte_fallback = true is not supported");
   // unk_token only matters for characters outside the vocabulary, and a
-  // byte-level vocabulary has all 256 (checked below).
+  // byte-level vocabulary has all 256 (checked by find_byte_tokens).
   ignore_merges = m.value("ignore_merges", false);
   if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab is not an object");
   if (!m.contains("merges") || !m["merges"].is_array()) fail("model.merges is not an array");
+}
 
+int32_t Tokenizer::Impl::load_vocab(const json& v) {
   int32_t max_id = -1;
-  vocab.reserve(m["vocab"].size());
-  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+  vocab.reserve(v.size());
+  for (auto it = v.begin(); it != v.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > kMaxTokenId)
       fail("model.vocab['" + it.key() + "'] is not a valid id (0 to " + std::to_string(kMaxTokenId) + ")");
     const int32_t id = it.value().get<int32_t>();
     vocab.emplace(it.key(), id);
     max_id = std::max(max_id, id);
   }
+  return max_id;
+}
 
-  // Added tokens.
-  struct Added {
-    int32_t id;
-    std::string content;
-    bool special, normalized;
-  };
-  std::vector<Added> adds;
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-    if (!j["added_tokens"].is_array()) fail("added_tokens is not an array");
-    for (const json& a : j["added_tokens"]) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
-          !a["content"].is_string())
-        fail("added_tokens entry " + a.dump().substr(0, 80) + " needs an integer id and a string content");
-      if (a["id"].is_number_unsigned() ? a["id"].get<uint64_t>() > uint64_t(kMaxTokenId)
-                                       : (a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > kMaxTokenId))
-        fail("added token id " + a["id"].dump() + " is not in [0, " + std::to_string(kMaxTokenId) + "]");
-      Added t{a["id"].get<int32_t>(), a["content"].get<std::string>(), a.value("special", false),
-              a.value("normalized", !a.value("special", false))};
-      if (t.id < 0) fail("added token '" + t.content + "' has a negative id");
-      if (t.content.empty()) fail("added token " + std::to_string(t.id) + " is empty");
-      for (const char* k : {"lstrip", "rstrip", "single_word"})
-        if (a.value(k, false)) fail("added token '" + t.content + "': " + k + " = true is not supported");
-      max_id = std::max(max_id, t.id);
-      adds.push_back(std::move(t));
-    }
+std::vector<AddedToken> Tokenizer::Impl::read_added_tokens(const json& j, int32_t* max_id) const {
+  std::vector<AddedToken> adds;
+  if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return adds;
+  if (!j["added_tokens"].is_array()) fail("added_tokens is not an array");
+  for (const json& a : j["added_tokens"]) {
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+        !a["content"].is_string())
+      fail("added_tokens entry " + a.dump().substr(0, 80) + " needs an integer id and a string content");
+    if (a["id"].is_number_unsigned() ? a["id"].get<uint64_t>() > uint64_t(kMaxTokenId)
+                                     : (a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > kMaxTokenId))
+      fail("added token id " + a["id"].dump() + " is not in [0, " + std::to_string(kMaxTokenId) + "]");
+    AddedToken t{a["id"].get<int32_t>(), a["content"].get<std::string>(), a.value("special", false),
+                 a.value("normalized", !a.value("special", false))};
+    if (t.id < 0) fail("added token '" + t.content + "' has a negative id");
+    if (t.content.empty()) fail("added token " + std::to_string(t.id) + " is empty");
+    for (const char* k : {"lstrip", "rstrip", "single_word"})
+      if (a.value(k, false)) fail("added token '" + t.content + "': " + k + " = true is not supported");
+    *max_id = std::max(*max_id, t.id);
+    adds.push_back(std::move(t));
   }
+  return adds;
+}
 
+void Tokenizer::Impl::build_id_tables(const std::vector<AddedToken>& adds, int32_t max_id) {
   // id -> bytes. A vocab token decodes through the byte-level alphabet; one
   // with a character outside it decodes to its own UTF-8 text (HF's ByteLevel
   // decoder does the same). Added tokens decode to their content.
@@ -373,13 +411,15 @@ void Tokenizer::Impl::load(const json& j) {
     if (!byte_level_decode(text, &token_bytes[size_t(id)])) token_bytes[size_t(id)] = text;
     kind[size_t(id)] = 1;
   }
-  for (const Added& a : adds) {
+  for (const AddedToken& a : adds) {
     token_bytes[size_t(a.id)] = a.content;
     kind[size_t(a.id)] = a.special ? 3 : 2;
     added[a.content] = a.id;
     (a.normalized ? normalized_tokens : raw_tokens).add(a.content, a.id);
   }
+}
 
+void Tokenizer::Impl::find_byte_tokens() {
   const auto& alpha = byte_level_alphabet();
   for (int b = 0; b < 256; ++b) {
     auto it = vocab.find(alpha[size_t(b)]);
@@ -391,9 +431,10 @@ void Tokenizer::Impl::load(const json& j) {
     }
     byte_id[size_t(b)] = it->second;
   }
+}
 
+void Tokenizer::Impl::load_merges(const json& ms) {
   // Merges, "left right" strings (older files) or [left, right] pairs.
-  const json& ms = m["merges"];
   merges.reserve(ms.size());
   for (size_t r = 0; r < ms.size(); ++r) {
     std::string left, right;
@@ -416,13 +457,9 @@ void Tokenizer::Impl::load(const json& j) {
     // On a repeated pair the first (lowest) rank wins, as in HF.
     merges.try_emplace(uint64_t(uint32_t(a->second)) << 32 | uint32_t(b->second), int32_t(r), ab->second);
   }
+}
 
-  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) fail("no pre_tokenizer: a byte-level one is needed");
-  load_pre_tokenizer(j["pre_tokenizer"]);
-
-  if (!j.contains("decoder") || !j["decoder"].is_object() || j["decoder"].value("type", "") != "ByteLevel")
-    fail("decoder must be ByteLevel");
-
+void Tokenizer::Impl::create_matcher() {
   md = pcre2_match_data_create(2, nullptr);
   mctx = pcre2_match_context_create(nullptr);
   // JIT code runs on its own stack; 32 KiB is the default, grown on demand

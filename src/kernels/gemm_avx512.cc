@@ -4,7 +4,7 @@
 //
 // One 16-lane vector holds a whole panel row. A micro-tile of 12 rows and
 // two panels keeps 24 accumulators (of 32 registers) and issues 12
-// broadcasts and 2 panel loads per 24 FMAs. With one panel it was 13 loads
+// broadcasts and 2 panel loads per 24 FMAs. One panel would take 13 loads
 // per 12 FMAs, more than the two vector loads a cycle that keep up with two
 // FMAs a cycle.
 #include "kernels/gemm_micro.h"

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <vector>
 
+#include "core/arith.h"
 #include "core/cpu.h"
-#include "core/error.h"
 #include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
@@ -37,7 +36,7 @@ void Weight::dequant_row(int64_t o, float* dst) const {
     case Kind::kFP8: {
       const float* lut = e4m3_table();
       const uint8_t* r = data + o * in;
-      int64_t scols = (in + block - 1) / block;
+      int64_t scols = ceil_div<int64_t>(in, block);
       const uint8_t* srow = scale + (o / block) * scols;
       for (int64_t b = 0; b < scols; ++b) {
         float s = e8m0_to_f32(srow[b]);
@@ -69,13 +68,12 @@ void Weight::dequant_row(int64_t o, float* dst) const {
 }
 
 void Weight::dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) const {
-  thread_local std::vector<float> row;
-  row.resize(size_t(in));
+  float* const row = workspace<float>(Buf::kPanelRow, size_t(in));
   for (int j = 0; j < kGemmNR; ++j) {
     const int64_t o = o0 + j;
     if (o < o_end) {
-      dequant_row(o, row.data());
-      for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = row[size_t(k)];
+      dequant_row(o, row);
+      for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = row[k];
     } else {
       for (int64_t k = 0; k < in; ++k) panel[k * kGemmNR + j] = 0.f;
     }
@@ -271,7 +269,7 @@ void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 }
 
 void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const int64_t scols = (w.in + w.block - 1) / w.block;
+  const int64_t scols = ceil_div<int64_t>(w.in, w.block);
   const Rows8 r[2] = {Rows8(w, o0, o_end, w.in, scols, w.block, o0), Rows8(w, o0 + 8, o_end, w.in, scols, w.block, o0)};
   if (o0 + 16 <= o_end)
     panel_fp8_rows16<true>(w, r, panel);
@@ -313,35 +311,6 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
 }
 #endif
 
-Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind kind, int64_t out, int64_t in,
-                   int block) {
-  Weight w;
-  w.kind = kind;
-  w.out = out;
-  w.in = in;
-  w.block = block;
-  const std::string wn = prefix + ".weight";
-  auto scale_name = [&]() { return ck.resolve(prefix + ".scale"); };
-  switch (kind) {
-    case Weight::Kind::kF32:
-      w.data = ck.get(wn, DType::kF32, {out, in}).data;
-      break;
-    case Weight::Kind::kBF16:
-      w.data = ck.get(wn, DType::kBF16, {out, in}).data;
-      break;
-    case Weight::Kind::kFP8:
-      w.data = ck.get(wn, DType::kF8E4M3, {out, in}).data;
-      w.scale = ck.get(scale_name(), DType::kF8E8M0, {(out + block - 1) / block, (in + block - 1) / block}).data;
-      break;
-    case Weight::Kind::kFP4:
-      if (in % 32 != 0) throw Error(wn + ": FP4 input width " + std::to_string(in) + " is not a multiple of 32");
-      w.data = ck.get_any(wn, {DType::kI8, DType::kU8}, {out, in / 2}).data;
-      w.scale = ck.get(scale_name(), DType::kF8E8M0, {out, in / 32}).data;
-      break;
-  }
-  return w;
-}
-
 LinearOpts quant_linear_opts(int act_block, bool pow2) {
   LinearOpts o;
   o.act_quant = true;
@@ -365,8 +334,7 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
   if (ldy < 0) ldy = row_end - row_begin;
   const int64_t K = w.in;
   if (opts.act_quant) {
-    thread_local std::vector<float> xq_buf;
-    float* xq = scratch(xq_buf, size_t(M * K));
+    float* const xq = workspace<float>(Buf::kLinearInput, size_t(M * K));
     act_quant_rows(x, M, K, ldx, opts, xq);
     x = xq;
     ldx = K;

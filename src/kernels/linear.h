@@ -3,9 +3,6 @@
 // dequantised once per call into fp32 and reused for all M input rows.
 #pragma once
 #include <cstdint>
-#include <string>
-
-#include "io/safetensors.h"
 
 namespace dsv4 {
 
@@ -30,11 +27,6 @@ struct Weight {
   // The same through dequant_row, value by value: what the test compares to.
   void dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) const;
 };
-
-// Loads `prefix`.weight (and `prefix`.scale / .weight_scale_inv for FP8/FP4)
-// with the expected kind and shape from the checkpoint.
-Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind kind, int64_t out, int64_t in,
-                   int block);
 
 struct LinearOpts {
   bool act_quant = false;   // FP8-quantise each input row in blocks of act_block first

@@ -8,9 +8,9 @@
 // header: an out-of-line copy compiled here could be the one the linker
 // keeps for the whole program.
 //
-// Why: with the AVX-512 micro-kernel the FP4 expert panels took as much CPU
-// as the products themselves (perf at N = 1024: panel_fp4 29%, micro_tile
-// 28%). A zmm holds one value of each of a panel's 16 rows, so a panel row is
+// Why: next to the AVX-512 micro-kernel, decoding the FP4 expert panels on
+// AVX2 costs about as much CPU as the products themselves. A zmm holds one
+// value of each of a panel's 16 rows, so a panel row is
 // one vector: a 16-entry vpermps table gives sign and magnitude of every
 // code at once (the AVX2 path needs 5 more operations per 8 values to
 // rebuild the sign and can only fill half a panel row).
@@ -78,10 +78,10 @@ struct Rows16 {
   // follows poorly (the decoders' samples sat on their row loads); the next
   // panel is asked for in address order instead, a few lines per step
   // spread over this panel's `steps` steps: one stream, ahead of use. Into
-  // L2 (T1): the panel is read only once the current one is done. Measured
-  // against one line per row at the same offset: 0-4% on the routed
-  // experts alone, no signal end to end (docs/PERFORMANCE.md). A prefetch
-  // never faults, so past the weight's end it costs only the request.
+  // L2 (T1): the panel is read only once the current one is done
+  // (docs/PERFORMANCE.md has the comparison with one line per row). A
+  // prefetch never faults, so past the weight's end it costs only the
+  // request.
   void prefetch_next_panel(int64_t step, int64_t steps) const {
     const int64_t lines = (16 * row_bytes + 63) / 64, per_step = (lines + steps - 1) / steps;
     const char* next = reinterpret_cast<const char*>(data[0] + 16 * row_bytes);
@@ -105,9 +105,8 @@ struct Rows16 {
 // The scale codes of blocks 0, 1, 2, … of the rows, one block after the
 // other. Building a vector from 16 single bytes (Rows16::scale_codes) stalls
 // on the store-to-load forward each block, and the FP4 decoders take a new
-// block every 32 values (this alone: FP4 pairs 0.065 -> 0.055 ns/value from
-// L2). Here one 16-byte load per row serves 16 blocks, transposed like the
-// codes.
+// block every 32 values. Here one 16-byte load per row serves 16 blocks,
+// transposed like the codes.
 class ScaleStream {
  public:
   ScaleStream(const Rows16& r, int64_t cols) : r_(r), cols_(cols) {}

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <vector>
 
+#include "core/arith.h"
 #include "core/cpu.h"
 #include "core/formats.h"
+#include "core/scratch.h"
 #include "kernels/exp.h"
 #include "kernels/gemm.h"
 
@@ -37,15 +39,14 @@ float key_value(const uint32_t* row, int64_t i) {
 void attend_query_gemm(const float* q, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
                        const float* sinks, float* out) {
   const float scale = 1.0f / std::sqrt(float(d));
-  thread_local std::vector<float> s;  // every score is written by the gemm
-  if (s.size() < size_t(H * nkeys)) s.resize(size_t(H * nkeys));
+  float* const s = workspace<float>(Buf::kAttentionScores, size_t(H * nkeys));  // every score is written by the gemm
   auto key_panel = [&](int64_t n0, float* panel) {
     for (int j = 0; j < kGemmNR; ++j)
       for (int64_t i = 0; i < d; ++i) panel[i * kGemmNR + j] = n0 + j < nkeys ? key_value(keys[n0 + j], i) : 0.f;
   };
-  gemm(q, d, H, d, nkeys, key_panel, GemmOut{s.data(), nkeys, false}, /*parallel=*/false);
+  gemm(q, d, H, d, nkeys, key_panel, GemmOut{s, nkeys, false}, /*parallel=*/false);
   for (int64_t h = 0; h < H; ++h) {
-    float* sh = s.data() + h * nkeys;
+    float* sh = s + h * nkeys;
     float mx = -INFINITY;
     for (int64_t j = 0; j < nkeys; ++j) mx = std::max(mx, sh[j] *= scale);
     float den = 0.f;
@@ -58,7 +59,7 @@ void attend_query_gemm(const float* q, int64_t H, const uint32_t* const* keys, i
     for (int64_t j = 0; j < nkeys; ++j)
       for (int c = 0; c < kGemmNR; ++c) panel[j * kGemmNR + c] = c0 + c < d ? key_value(keys[j], c0 + c) : 0.f;
   };
-  gemm(s.data(), nkeys, H, nkeys, d, key_columns, GemmOut{out, d, true}, /*parallel=*/false);
+  gemm(s, nkeys, H, nkeys, d, key_columns, GemmOut{out, d, true}, /*parallel=*/false);
 }
 
 }  // namespace
@@ -80,16 +81,12 @@ void attend_query(const float* q, int64_t H, const uint32_t* const* keys, int64_
 #ifdef DSV4_HAVE_AVX512_KERNELS
   const Isa isa = kernel_isa();
   if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) {
-    // Kept per thread from query to query (the kernel writes every element
-    // before it reads it).
-    thread_local std::vector<float> scores, q_columns;
-    thread_local std::vector<uint32_t> q_pairs;
-    const int64_t Hp = (H + 15) / 16 * 16, dp = key_pair_count(d);
-    if (scores.size() < size_t(nkeys * Hp)) scores.resize(size_t(nkeys * Hp));
-    if (q_pairs.size() < size_t(Hp * dp)) q_pairs.resize(size_t(Hp * dp));
-    if (q_columns.size() < size_t(Hp * 2 * dp)) q_columns.resize(size_t(Hp * 2 * dp));
+    const int64_t Hp = round_up<int64_t>(H, 16), dp = key_pair_count(d);
+    const AttentionScratch ws{workspace<float>(Buf::kAttentionScores, size_t(nkeys * Hp)),
+                              workspace<uint32_t>(Buf::kAttentionQPairs, size_t(Hp * dp)),
+                              workspace<float>(Buf::kAttentionQColumns, size_t(Hp * 2 * dp))};
     return attend_query_avx512(q, H, keys, nkeys, d, key_min_exponent, sinks, 1.0f / std::sqrt(float(d)), out,
-                               isa == Isa::kAvx512Bf16, {scores.data(), q_pairs.data(), q_columns.data()});
+                               isa == Isa::kAvx512Bf16, ws);
   }
 #endif
   attend_query_gemm(q, H, keys, nkeys, d, sinks, out);

@@ -10,13 +10,15 @@
 #pragma once
 #include <cstdint>
 
+#include "core/arith.h"
+
 namespace dsv4 {
 
 // Key rows are bf16 values stored as pairs (kernels/gemm_micro.h): dword i
 // holds value 2i in its high half and 2i + 1 in its low half (zero past d),
 // ceil(d/2) dwords a row. The BF16 dot-product kernel reads them as they
 // are, and they are half the bytes of fp32 rows.
-inline int64_t key_pair_count(int64_t d) { return (d + 1) / 2; }
+inline int64_t key_pair_count(int64_t d) { return ceil_div<int64_t>(d, 2); }
 
 // Packs d fp32 values into a pair row, rounding each to bf16 (keys are bf16
 // values: exact). Returns the smallest biased exponent among the non-zero

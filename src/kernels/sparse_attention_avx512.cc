@@ -192,20 +192,16 @@ void weighted_sum_rows(int heads, const uint32_t* const* keys, int64_t nkeys, co
   weighted_sum_tile<R>(keys, nkeys, P, ldp, c0, m, o, ldo, ncols);
 }
 
-}  // namespace
-
-void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
-                         int key_min_exponent, const float* sinks, float scale, float* out, bool bf16_dot,
-                         const AttentionScratch& scratch) {
-  const int64_t dp = (d + 1) / 2, groups = (H + 15) / 16, Hp = groups * 16;
-  float* const S = scratch.scores;  // [nkeys][Hp]
-
-  // Scores. With bf16_dot, q's heads 16 at a time into [dp][16] pair panels,
-  // and the BF16 kernel where that is exact (gemm.h).
-  bool dot = false;
+// q's heads as the score tiles read them, 16 heads to a group. With
+// bf16_dot, pair panels [dp][16] per group where the BF16 kernel may take
+// them (gemm.h's exactness rule): returns true. Otherwise q transposed,
+// [group][i][16] with i up to 2·dp (the last one zero for odd d).
+bool prepare_q(const float* q, int64_t H, int64_t d, int key_min_exponent, bool bf16_dot,
+               const AttentionScratch& scratch) {
+  const int64_t dp = (d + 1) / 2, groups = (H + 15) / 16;
 #ifdef __AVX512BF16__
   if (bf16_dot) {
-    dot = true;
+    bool dot = true;
     int q_min_exponent = 255;
     for (int64_t g = 0; g < groups && dot; ++g) {
       const float* rows[16];
@@ -214,17 +210,25 @@ void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys,
       dot = gemm_pack_gathered_rows_bf16(rows, d, scratch.q_pairs + g * dp * 16, &e);
       q_min_exponent = e < q_min_exponent ? e : q_min_exponent;
     }
-    dot = dot && q_min_exponent + key_min_exponent >= kDotMinBiasedExponentSum;
+    if (dot && q_min_exponent + key_min_exponent >= kDotMinBiasedExponentSum) return true;
   }
+#else
+  (void)key_min_exponent, (void)bf16_dot;
 #endif
-  if (!dot) {  // q transposed: [group][i][16], i up to 2·dp (the last one zero for odd d)
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t i = 0; i < 2 * dp; ++i)
-        for (int l = 0; l < 16; ++l) {
-          const int64_t h = g * 16 + l;
-          scratch.q_columns[(g * 2 * dp + i) * 16 + l] = h < H && i < d ? q[h * d + i] : 0.f;
-        }
-  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < 2 * dp; ++i)
+      for (int l = 0; l < 16; ++l) {
+        const int64_t h = g * 16 + l;
+        scratch.q_columns[(g * 2 * dp + i) * 16 + l] = h < H && i < d ? q[h * d + i] : 0.f;
+      }
+  return false;
+}
+
+// S[j][h] = q_h · key_j (unscaled), in tiles of kScoreRows keys by up to
+// kMaxGroups head groups; `dot`: from the pair panels (prepare_q).
+void compute_scores(int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d, bool dot,
+                    const AttentionScratch& scratch, float* S, int64_t Hp) {
+  const int64_t dp = (d + 1) / 2, groups = (H + 15) / 16;
   for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
     const int ng = int(groups - g0 < kMaxGroups ? groups - g0 : kMaxGroups);
     for (int64_t j = 0; j < nkeys; j += kScoreRows) {
@@ -241,10 +245,14 @@ void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys,
                             2 * dp * 16, s, Hp);
     }
   }
+  (void)dot;
+}
 
-  // Softmax down the key axis, 16 heads at a time, in the definition's order.
+// Softmax down the key axis, 16 heads at a time, in the definition's order:
+// S[j][h] becomes head h's weight of key j.
+void softmax_columns(float* S, int64_t nkeys, int64_t H, int64_t Hp, const float* sinks, float scale) {
   const __m512 scale_v = _mm512_set1_ps(scale);
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g < Hp / 16; ++g) {
     float* s = S + g * 16;
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < nkeys; ++j) {
@@ -263,8 +271,13 @@ void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys,
     den = _mm512_add_ps(den, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sinks + g * 16), mx)));
     for (int64_t j = 0; j < nkeys; ++j) _mm512_storeu_ps(s + j * Hp, _mm512_div_ps(_mm512_loadu_ps(s + j * Hp), den));
   }
+}
 
-  // Weighted sum: per tile of heads, per 32 columns (16 dwords of every key).
+// out[h][c] = Σ_j S[j][h] · key_j[c], rounded to bf16: per tile of heads,
+// per 32 columns (16 dwords of every key).
+void weighted_sum(const float* S, int64_t Hp, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
+                  float* out) {
+  const int64_t dp = (d + 1) / 2;
   for (int64_t h = 0; h < H; h += kPvHeads) {
     const int heads = int(H - h < kPvHeads ? H - h : kPvHeads);
     for (int64_t c0 = 0; c0 < dp; c0 += 16) {
@@ -275,6 +288,19 @@ void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys,
     }
   }
   bf16r_inplace(out, size_t(H * d));
+}
+
+}  // namespace
+
+void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
+                         int key_min_exponent, const float* sinks, float scale, float* out, bool bf16_dot,
+                         const AttentionScratch& scratch) {
+  const int64_t Hp = (H + 15) / 16 * 16;
+  float* const S = scratch.scores;  // [nkeys][Hp]
+  const bool dot = prepare_q(q, H, d, key_min_exponent, bf16_dot, scratch);
+  compute_scores(H, keys, nkeys, d, dot, scratch, S, Hp);
+  softmax_columns(S, nkeys, H, Hp, sinks, scale);
+  weighted_sum(S, Hp, H, keys, nkeys, d, out);
 }
 
 }  // namespace dsv4

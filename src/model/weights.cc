@@ -7,6 +7,35 @@
 
 namespace dsv4 {
 
+Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind kind, int64_t out, int64_t in,
+                   int block) {
+  Weight w;
+  w.kind = kind;
+  w.out = out;
+  w.in = in;
+  w.block = block;
+  const std::string wn = prefix + ".weight";
+  auto scale_name = [&]() { return ck.resolve(prefix + ".scale"); };
+  switch (kind) {
+    case Weight::Kind::kF32:
+      w.data = ck.get(wn, DType::kF32, {out, in}).data;
+      break;
+    case Weight::Kind::kBF16:
+      w.data = ck.get(wn, DType::kBF16, {out, in}).data;
+      break;
+    case Weight::Kind::kFP8:
+      w.data = ck.get(wn, DType::kF8E4M3, {out, in}).data;
+      w.scale = ck.get(scale_name(), DType::kF8E8M0, {(out + block - 1) / block, (in + block - 1) / block}).data;
+      break;
+    case Weight::Kind::kFP4:
+      if (in % 32 != 0) throw Error(wn + ": FP4 input width " + std::to_string(in) + " is not a multiple of 32");
+      w.data = ck.get_any(wn, {DType::kI8, DType::kU8}, {out, in / 2}).data;
+      w.scale = ck.get(scale_name(), DType::kF8E8M0, {out, in / 32}).data;
+      break;
+  }
+  return w;
+}
+
 std::vector<float> load_vector(const Checkpoint& ck, const std::string& name, const Shape& shape,
                                const std::vector<DType>& dtypes) {
   const TensorView& t = ck.get_any(name, dtypes, shape);

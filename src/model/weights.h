@@ -14,6 +14,11 @@
 
 namespace dsv4 {
 
+// Loads `prefix`.weight (and `prefix`.scale / .weight_scale_inv for FP8/FP4)
+// with the expected kind and shape from the checkpoint.
+Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind kind, int64_t out, int64_t in,
+                   int block);
+
 struct CompressorWeights {
   int ratio = 0;      // r
   int coff = 1;       // 2 for overlapping windows (r == 4)
