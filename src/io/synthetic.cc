@@ -252,28 +252,29 @@ struct Plan {
     s.spread = 0.1f;
     add(name, dtype, shape, s);
   }
-  // `prefix`.weight in e4m3 and `prefix`.scale, both drawn from the weight's stream.
-  void fp8(const std::string& prefix, int64_t out, int64_t in, float stddev, int block) {
+  // `prefix`.weight and `prefix`.scale of a block-scaled weight [out][in],
+  // both drawn from the weight's stream.
+  void quantized(const std::string& prefix, Source::Kind weight_kind, Source::Kind scale_kind, DType weight_dtype,
+                 const Shape& weight_shape, const Shape& scale_shape, int64_t out, int64_t in, float stddev) {
     Source s;
-    s.kind = Source::Kind::kFP8;
+    s.kind = weight_kind;
     s.spread = stddev;
     s.rows = out;
     s.cols = in;
     s.stream = prefix + ".weight";
-    add(prefix + ".weight", DType::kF8E4M3, {out, in}, s);
-    s.kind = Source::Kind::kFP8Scale;
-    add(prefix + ".scale", DType::kF8E8M0, {(out + block - 1) / block, (in + block - 1) / block}, s);
+    add(prefix + ".weight", weight_dtype, weight_shape, s);
+    s.kind = scale_kind;
+    add(prefix + ".scale", DType::kF8E8M0, scale_shape, s);
   }
+  // e4m3 with one scale per block x block square.
+  void fp8(const std::string& prefix, int64_t out, int64_t in, float stddev, int64_t block) {
+    quantized(prefix, Source::Kind::kFP8, Source::Kind::kFP8Scale, DType::kF8E4M3, {out, in},
+              {ceil_div(out, block), ceil_div(in, block)}, out, in, stddev);
+  }
+  // Packed e2m1 pairs with one scale per 32 inputs.
   void fp4(const std::string& prefix, int64_t out, int64_t in, float stddev) {
-    Source s;
-    s.kind = Source::Kind::kFP4;
-    s.spread = stddev;
-    s.rows = out;
-    s.cols = in;
-    s.stream = prefix + ".weight";
-    add(prefix + ".weight", DType::kI8, {out, in / 2}, s);
-    s.kind = Source::Kind::kFP4Scale;
-    add(prefix + ".scale", DType::kF8E8M0, {out, in / 32}, s);
+    quantized(prefix, Source::Kind::kFP4, Source::Kind::kFP4Scale, DType::kI8, {out, in / 2}, {out, in / 32}, out,
+              in, stddev);
   }
 };
 
@@ -374,7 +375,7 @@ struct Quantised {
 };
 
 void gen_fp8(const Source& s, uint64_t key, int block, Quantised* q) {
-  const int64_t R = s.rows, C = s.cols, rb = (R + block - 1) / block, cb = (C + block - 1) / block;
+  const int64_t R = s.rows, C = s.cols, rb = ceil_div(R, int64_t(block)), cb = ceil_div(C, int64_t(block));
   q->codes.resize(size_t(R * C));
   q->scales.resize(size_t(rb * cb));
   ThreadPool::global().parallel_for(rb, [&](int64_t b0, int64_t b1, int) {
@@ -456,7 +457,7 @@ void gen_tid2eid(const Source& s, uint64_t key, uint8_t* dst) {
 void gen_values(const Source& s, const TensorSpec& t, uint64_t key, uint8_t* dst) {
   const int64_t n = int64_t(t.nbytes() / dtype_size(t.dtype));
   constexpr int64_t kChunk = 1 << 16;
-  ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1, int) {
+  ThreadPool::global().parallel_for(ceil_div(n, kChunk), [&](int64_t c0, int64_t c1, int) {
     std::vector<float> x(static_cast<size_t>(kChunk));
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t i0 = c * kChunk, m = std::min(n, i0 + kChunk) - i0;
