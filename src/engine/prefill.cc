@@ -91,7 +91,7 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
         hc_pre(Xg, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
         rms_norm_rows_bf16(y.data(), n, lw.attn_norm.data(), D, c.rms_norm_eps, y.data());
       }
-      attention_forward(lw.attn, c, lw.ratio, m.rope(layer), y.data(), s.p0 + g0, n, s.tile,
+      attention_forward(lw.attn, c, lw.kind, m.rope(layer), y.data(), s.p0 + g0, n, s.tile,
                         s.st->layers[size_t(layer)], f.data());
       ScopedStage st(Stage::kHc);
       hc_post(f.data(), Xg, n, hc, D, mix);
@@ -124,7 +124,7 @@ void RequestState::init(const Model& model, CachePool* pool) {
   layers.clear();
   layers.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    layers[size_t(l)].init(pool, c, model.weights.layers[size_t(l)].attn, c.ratio(l));
+    layers[size_t(l)].init(pool, c, model.weights.layers[size_t(l)].attn, c.layer_kind(l));
 }
 
 size_t RequestState::pages_missing(const Model& model, int64_t n) const {
@@ -278,13 +278,13 @@ std::vector<uint8_t> cache_contents(const Model& m, const RequestState& st) {
     const AttentionState& a = st.layers[l];
     append(a.window, std::min(N, a.window_rows));
     const AttentionWeights& w = m.weights.layers[l].attn;
-    if (a.ratio != 0) {
+    if (a.kind.has_compressor()) {
       append(a.comp.rows, a.comp.n_rows);
-      append(a.comp.ring, std::min<int64_t>(N, w.compressor.coff * w.compressor.ratio));
+      append(a.comp.ring, std::min(N, w.compressor.ring_slots()));
     }
-    if (a.ratio == 4) {
+    if (a.kind.has_indexer()) {
       append(a.idx_comp.rows, a.idx_comp.n_rows);
-      append(a.idx_comp.ring, std::min<int64_t>(N, w.idx_compressor.coff * w.idx_compressor.ratio));
+      append(a.idx_comp.ring, std::min(N, w.idx_compressor.ring_slots()));
     }
   }
   return out;

@@ -12,7 +12,7 @@ struct ModelConfig;
 class RopeTable {
  public:
   RopeTable() = default;
-  // compressed = a layer with compress_ratio != 0 (compress_rope_theta + YaRN).
+  // compressed = a layer with a compressor, CSA or HCA (compress_rope_theta + YaRN).
   RopeTable(const ModelConfig& c, bool compressed);
   int rd() const { return rd_; }
   const std::vector<float>& freqs() const { return freq_; }

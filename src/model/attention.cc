@@ -18,25 +18,25 @@
 
 namespace dsv4 {
 
-void AttentionState::init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, int r) {
-  ratio = r;
+void AttentionState::init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, LayerKind k) {
+  kind = k;
   window_rows = c.sliding_window;
   window = PagedRows(pool, size_t(c.head_dim) * sizeof(uint16_t));
-  if (ratio != 0) comp.init(pool, w.compressor);
-  if (ratio == 4) idx_comp.init(pool, w.idx_compressor);
+  if (kind.has_compressor()) comp.init(pool, w.compressor);
+  if (kind.has_indexer()) idx_comp.init(pool, w.idx_compressor);
 }
 
 size_t AttentionState::pages_missing(const AttentionWeights& w, int64_t n_tokens) const {
   size_t p = window.pages_missing(std::min(n_tokens, window_rows));
-  if (ratio != 0) p += comp.pages_missing(w.compressor, n_tokens);
-  if (ratio == 4) p += idx_comp.pages_missing(w.idx_compressor, n_tokens);
+  if (kind.has_compressor()) p += comp.pages_missing(w.compressor, n_tokens);
+  if (kind.has_indexer()) p += idx_comp.pages_missing(w.idx_compressor, n_tokens);
   return p;
 }
 
 void AttentionState::reserve(const AttentionWeights& w, int64_t n_tokens) {
   window.reserve(std::min(n_tokens, window_rows));
-  if (ratio != 0) comp.reserve(w.compressor, n_tokens);
-  if (ratio == 4) idx_comp.reserve(w.idx_compressor, n_tokens);
+  if (kind.has_compressor()) comp.reserve(w.compressor, n_tokens);
+  if (kind.has_indexer()) idx_comp.reserve(w.idx_compressor, n_tokens);
 }
 
 size_t AttentionState::bytes_held() const {
@@ -88,7 +88,7 @@ void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, 
   topk_set(score, n_visible, topk, chosen);
 }
 
-void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
+void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
                        const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out) {
   const int64_t H = c.num_attention_heads, d = c.head_dim, rd = c.qk_rope_head_dim, nd = d - rd;
   const int64_t ql = c.q_lora_rank, G = c.o_groups, ol = c.o_lora_rank;
@@ -131,7 +131,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
   // §8: indexer queries and weights.
   const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
   float *qi = nullptr, *wts = nullptr;
-  if (ratio == 4) {
+  if (kind.has_indexer()) {
     stage.emplace(Stage::kIndexer);
     qi = scratch(qi_buf, size_t(n * Hi * di));
     linear(w.idx_wq_b, qr, n, qi, qopts);
@@ -173,14 +173,14 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
 
     // §7: compressed rows completed inside this tile.
     stage.emplace(Stage::kCompressors);
-    if (ratio != 0) compressor_forward(w.compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.comp);
-    if (ratio == 4) compressor_forward(w.idx_compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.idx_comp);
+    if (kind.has_compressor()) compressor_forward(w.compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.comp);
+    if (kind.has_indexer()) compressor_forward(w.idx_compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.idx_comp);
 
     // §8.3: each query's selected compressed rows, timed as the indexer's
     // (its scores are indexer FLOPs in the bench's per-stage report).
-    const int64_t vis = ratio != 0 ? (pt + nt) / ratio : 0;  // compressed rows visible to the tile's last query
-    std::vector<std::vector<int32_t>> chosen(size_t(ratio == 4 ? nt : 0));
-    if (ratio == 4) {
+    const int64_t vis = kind.visible_rows(pt + nt - 1);  // compressed rows visible to the tile's last query
+    std::vector<std::vector<int32_t>> chosen(size_t(kind.has_indexer() ? nt : 0));
+    if (kind.has_indexer()) {
       stage.emplace(Stage::kIndexer);
       float* const idx_rows = scratch(idx_buf, size_t(vis * di));
       st.idx_comp.read_rows(vis, int(di), idx_rows);
@@ -191,7 +191,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
       IndexerRows& packed = packed_rows;
       packed.pack(idx_rows, vis, int(di));
       parallel_for_each(nt, [&](int64_t i) {
-        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, packed, (pt + i + 1) / ratio, int(Hi),
+        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, packed, kind.visible_rows(pt + i), int(Hi),
                        c.index_topk, &chosen[size_t(i)]);
       });
     }
@@ -200,7 +200,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
     // The compressed rows visible to the tile's last query as key pair rows.
     uint32_t* comp = nullptr;
     std::vector<int> comp_exp;
-    if (ratio != 0) {
+    if (kind.has_compressor()) {
       comp = scratch(comp_buf, size_t(vis * dp));
       comp_exp.resize(size_t(vis));
       parallel_for_each(vis, [&](int64_t r) {
@@ -221,10 +221,10 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, int rati
         keys.push_back(comp + r * dp);
         key_exp = std::min(key_exp, comp_exp[size_t(r)]);
       };
-      if (ratio == 4) {
+      if (kind.has_indexer()) {
         for (int32_t r : chosen[size_t(i)]) add_compressed(r);
-      } else if (ratio != 0) {
-        for (int64_t r = 0; r < (t + 1) / ratio; ++r) add_compressed(r);
+      } else {
+        for (int64_t r = 0; r < kind.visible_rows(t); ++r) add_compressed(r);
       }
       float* const oi = o + (t0 + i) * H * d;
       attend_query(q + (t0 + i) * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(), oi);

@@ -15,13 +15,13 @@ namespace dsv4 {
 
 // One layer's share of a request's caches (PREFILL.md §2), in pool pages.
 struct AttentionState {
-  int ratio = 0;
+  LayerKind kind;
   int64_t window_rows = 0;  // sliding_window: position t lives in slot t % window_rows
   PagedRows window;         // raw kv rows, bf16 [d]
-  CompressorState comp;     // main compressor (ratio != 0)
-  CompressorState idx_comp; // indexer compressor (ratio == 4)
+  CompressorState comp;     // main compressor (kind.has_compressor())
+  CompressorState idx_comp; // indexer compressor (kind.has_indexer())
 
-  void init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, int ratio);
+  void init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, LayerKind kind);
   // Pages missing to hold the state of the first n_tokens positions.
   size_t pages_missing(const AttentionWeights& w, int64_t n_tokens) const;
   void reserve(const AttentionWeights& w, int64_t n_tokens);
@@ -33,7 +33,7 @@ struct AttentionState {
 // all n rows at once; the cache-reading part (window, compressors, indexer,
 // sparse attention) runs tile by tile, `tile` rows at a time in position
 // order (tile <= 0: all n). The result does not depend on n or tile.
-void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
+void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
                        const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out);
 
 // The indexer rows visible to a tile [n][di], also packed once as gemm

@@ -1,7 +1,7 @@
 // The KV compressor (MODEL.md §7): pools every r source tokens into one
 // compressed row with a per-channel softmax over slots. Its state carries the
-// source rows of blocks that are not yet complete (and, for r = 4, the
-// previous block) from one tile to the next (PREFILL.md §2).
+// source rows of blocks that are not yet complete (and, with CSA's
+// overlapping windows, the previous block) from one tile to the next (PREFILL.md §2).
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -311,20 +311,20 @@ Plan plan_model(const ModelConfig& c) {
     p.fp8(a + "wo_a", G * c.o_lora_rank, H * d / G, inv_sqrt(H * d / G), int(B));
     p.fp8(a + "wo_b", D, G * c.o_lora_rank, 0.1f * inv_sqrt(G * c.o_lora_rank), int(B));
     p.normal(a + "attn_sink", F32, {H}, 1.f);
-    auto compressor = [&](const std::string& cp, int ratio, int64_t hd) {
-      const int64_t width = (ratio == 4 ? 2 : 1) * hd;
+    const LayerKind kind = c.layer_kind(L);
+    auto compressor = [&](const std::string& cp, int64_t hd) {
+      const int64_t width = kind.compressor_overlap() * hd;
       p.normal(cp + ".wkv.weight", BF16, {width, D}, inv_sqrt(D));
       p.normal(cp + ".wgate.weight", BF16, {width, D}, inv_sqrt(D));
-      p.normal(cp + ".ape", F32, {ratio, width}, 0.1f);
+      p.normal(cp + ".ape", F32, {kind.ratio, width}, 0.1f);
       p.around_one(cp + ".norm.weight", BF16, {hd});
     };
-    const int ratio = c.ratio(L);
-    if (ratio != 0) compressor(a + "compressor", ratio, d);
-    if (ratio == 4) {
+    if (kind.has_compressor()) compressor(a + "compressor", d);
+    if (kind.has_indexer()) {
       const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
       p.fp8(a + "indexer.wq_b", Hi * di, c.q_lora_rank, inv_sqrt(c.q_lora_rank), int(B));
       p.normal(a + "indexer.weights_proj.weight", BF16, {Hi, D}, inv_sqrt(D));
-      compressor(a + "indexer.compressor", 4, di);
+      compressor(a + "indexer.compressor", di);
     }
 
     const std::string f = l + "ffn.";

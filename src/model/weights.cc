@@ -34,17 +34,17 @@ HcWeights load_hc(const Checkpoint& ck, const std::string& p, const ModelConfig&
   return w;
 }
 
-CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, const ModelConfig& c, int ratio,
+CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, const ModelConfig& c, LayerKind kind,
                                   int hd, bool indexer) {
   CompressorWeights w;
-  w.ratio = ratio;
-  w.coff = ratio == 4 ? 2 : 1;
+  w.ratio = kind.ratio;
+  w.coff = kind.compressor_overlap();
   w.head_dim = hd;
   w.indexer = indexer;
   const int64_t D = c.hidden_size, width = int64_t(w.coff) * hd;
   w.wkv = load_weight(ck, p + ".wkv", Weight::Kind::kBF16, width, D, c.weight_block_size);
   w.wgate = load_weight(ck, p + ".wgate", Weight::Kind::kBF16, width, D, c.weight_block_size);
-  w.ape = load_vector(ck, p + ".ape", {ratio, width}, {DType::kF32});
+  w.ape = load_vector(ck, p + ".ape", {w.ratio, width}, {DType::kF32});
   w.norm = load_vector(ck, p + ".norm.weight", {hd}, {DType::kBF16, DType::kF32});
   return w;
 }
@@ -78,7 +78,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
   for (int L = 0; L < c.num_hidden_layers; ++L) {
     const std::string p = "layers." + std::to_string(L) + ".";
     LayerWeights lw;
-    lw.ratio = c.ratio(L);
+    lw.kind = c.layer_kind(L);
     lw.hc_attn = load_hc(ck, p + "hc_attn", c);
     lw.hc_ffn = load_hc(ck, p + "hc_ffn", c);
     lw.attn_norm = load_vector(ck, p + "attn_norm.weight", {D}, {DType::kBF16, DType::kF32});
@@ -93,12 +93,12 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
     a.wo_a = load_weight(ck, ap + "wo_a", FP8, int64_t(c.o_groups) * c.o_lora_rank, H * d / c.o_groups, int(B));
     a.wo_b = load_weight(ck, ap + "wo_b", FP8, D, int64_t(c.o_groups) * c.o_lora_rank, int(B));
     a.attn_sink = load_vector(ck, ap + "attn_sink", {H}, {DType::kF32});
-    if (lw.ratio != 0) a.compressor = load_compressor(ck, ap + "compressor", c, lw.ratio, c.head_dim, false);
-    if (lw.ratio == 4) {
+    if (lw.kind.has_compressor()) a.compressor = load_compressor(ck, ap + "compressor", c, lw.kind, c.head_dim, false);
+    if (lw.kind.has_indexer()) {
       const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
       a.idx_wq_b = load_weight(ck, ap + "indexer.wq_b", FP8, Hi * di, c.q_lora_rank, int(B));
       a.idx_weights_proj = load_weight(ck, ap + "indexer.weights_proj", BF16, Hi, D, int(B));
-      a.idx_compressor = load_compressor(ck, ap + "indexer.compressor", c, 4, c.index_head_dim, true);
+      a.idx_compressor = load_compressor(ck, ap + "indexer.compressor", c, lw.kind, c.index_head_dim, true);
     }
     MoeWeights& f = lw.ffn;
     const std::string fp = p + "ffn.";

@@ -16,20 +16,23 @@ namespace dsv4 {
 
 struct CompressorWeights {
   int ratio = 0;      // r
-  int coff = 1;       // 2 for overlapping windows (r == 4)
+  int coff = 1;       // LayerKind::compressor_overlap()
   int head_dim = 0;   // output row width
   bool indexer = false;
   Weight wkv, wgate;         // BF16 [coff·hd][D]
   std::vector<float> ape;    // [r][coff·hd]
   std::vector<float> norm;   // [hd]
+
+  // Source-token slots of the state's ring: the tokens a row can still need.
+  int64_t ring_slots() const { return int64_t(coff) * ratio; }
 };
 
 struct AttentionWeights {
   std::vector<float> q_norm, kv_norm, attn_sink;
   Weight wq_a, wq_b, wkv, wo_a, wo_b;
-  CompressorWeights compressor;        // ratio != 0
-  Weight idx_wq_b, idx_weights_proj;   // ratio == 4
-  CompressorWeights idx_compressor;    // ratio == 4
+  CompressorWeights compressor;        // LayerKind::has_compressor()
+  Weight idx_wq_b, idx_weights_proj;   // LayerKind::has_indexer()
+  CompressorWeights idx_compressor;    // LayerKind::has_indexer()
 };
 
 struct ExpertWeights {
@@ -45,7 +48,7 @@ struct MoeWeights {
 };
 
 struct LayerWeights {
-  int ratio = 0;
+  LayerKind kind;
   HcWeights hc_attn, hc_ffn;
   std::vector<float> attn_norm, ffn_norm;
   AttentionWeights attn;
