@@ -283,8 +283,8 @@ std::vector<uint8_t> cache_contents(const Model& m, const RequestState& st) {
       append(a.comp.ring, std::min(N, w.compressor.ring_slots()));
     }
     if (a.kind.has_indexer()) {
-      append(a.idx_comp.rows, a.idx_comp.n_rows);
-      append(a.idx_comp.ring, std::min(N, w.idx_compressor.ring_slots()));
+      append(a.indexer.comp.rows, a.indexer.comp.n_rows);
+      append(a.indexer.comp.ring, std::min(N, w.indexer.compressor.ring_slots()));
     }
   }
   return out;

@@ -23,69 +23,24 @@ void AttentionState::init(CachePool* pool, const ModelConfig& c, const Attention
   window_rows = c.sliding_window;
   window = PagedRows(pool, size_t(c.head_dim) * sizeof(uint16_t));
   if (kind.has_compressor()) comp.init(pool, w.compressor);
-  if (kind.has_indexer()) idx_comp.init(pool, w.idx_compressor);
+  if (kind.has_indexer()) indexer.init(pool, w.indexer);
 }
 
 size_t AttentionState::pages_missing(const AttentionWeights& w, int64_t n_tokens) const {
   size_t p = window.pages_missing(std::min(n_tokens, window_rows));
   if (kind.has_compressor()) p += comp.pages_missing(w.compressor, n_tokens);
-  if (kind.has_indexer()) p += idx_comp.pages_missing(w.idx_compressor, n_tokens);
+  if (kind.has_indexer()) p += indexer.pages_missing(w.indexer, n_tokens);
   return p;
 }
 
 void AttentionState::reserve(const AttentionWeights& w, int64_t n_tokens) {
   window.reserve(std::min(n_tokens, window_rows));
   if (kind.has_compressor()) comp.reserve(w.compressor, n_tokens);
-  if (kind.has_indexer()) idx_comp.reserve(w.idx_compressor, n_tokens);
+  if (kind.has_indexer()) indexer.reserve(w.indexer, n_tokens);
 }
 
 size_t AttentionState::bytes_held() const {
-  return window.bytes_held() + comp.bytes_held() + idx_comp.bytes_held();
-}
-
-void IndexerRows::pack(const float* r, int64_t count, int d) {
-  rows = r;
-  n = count;
-  di = d;
-  const int64_t panels = (n + kGemmNR - 1) / kGemmNR, size = int64_t(di + 1) / 2 * kGemmNR;
-  if (pairs.size() < size_t(panels * size)) pairs.resize(size_t(panels * size));
-  min_exponent.assign(size_t(panels), 255);
-  exact.assign(size_t(panels), 0);
-  // Without the BF16 kernel the loader takes no panel: the products then
-  // load fp32 panels.
-  const PairLoader load = dense_rows_pair_loader(rows, di, n, di);
-  parallel_for_each(panels, [&](int64_t p) {
-    exact[size_t(p)] = load(p * kGemmNR, pairs.data() + p * size, &min_exponent[size_t(p)]);
-  });
-}
-
-const uint32_t* IndexerRows::panel(int64_t n0, int* min_exp) const {
-  const int64_t p = n0 / kGemmNR;
-  if (!exact[size_t(p)]) return nullptr;
-  *min_exp = min_exponent[size_t(p)];
-  return pairs.data() + p * (int64_t(di + 1) / 2 * kGemmNR);
-}
-
-void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
-                    std::vector<int32_t>* chosen) {
-  if (n_visible <= topk) {  // every row is chosen, whatever the scores
-    chosen->resize(size_t(n_visible));
-    std::iota(chosen->begin(), chosen->end(), 0);
-    return;
-  }
-  // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
-  // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
-  // The panels hold rows past n_visible too: their columns are not written,
-  // and an output's chain does not depend on the other columns.
-  const int di = rows.di;
-  thread_local std::vector<float> dots_buf, score_buf;
-  float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
-  float* const score = scratch(score_buf, size_t(n_visible));
-  const PairSource packed = [&](int64_t n0, int* min_exponent) { return rows.panel(n0, min_exponent); };
-  gemm(qi, di, Hi, di, n_visible, dense_rows_loader(rows.rows, di, n_visible, di), GemmOut{dots, n_visible, true},
-       /*parallel=*/false, nullptr, &packed);
-  indexer_scores(dots, n_visible, Hi, wts, n_visible, score);
-  topk_set(score, n_visible, topk, chosen);
+  return window.bytes_held() + comp.bytes_held() + indexer.bytes_held();
 }
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
@@ -107,7 +62,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKin
   std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
   // The rows' activations (16 MB for q alone per 128 Flash rows) in
   // buffers kept from call to call (core/scratch.h).
-  thread_local std::vector<float> qr_buf, q_buf, kv_buf, qi_buf, wts_buf, idx_buf, o_buf, u_buf;
+  thread_local std::vector<float> qr_buf, q_buf, kv_buf, qi_buf, wts_buf, o_buf, u_buf;
   thread_local std::vector<uint32_t> win_buf, comp_buf;
   float* const qr = scratch(qr_buf, size_t(n * ql));
   float* const q = scratch(q_buf, size_t(n * H * d));
@@ -134,17 +89,8 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKin
   if (kind.has_indexer()) {
     stage.emplace(Stage::kIndexer);
     qi = scratch(qi_buf, size_t(n * Hi * di));
-    linear(w.idx_wq_b, qr, n, qi, qopts);
-    parallel_for_each(n * Hi, [&](int64_t ih) {
-      float* qh = qi + ih * di;
-      rope.rotate(qh + di - rd, cs.data() + (ih / Hi) * rd);
-      hadamard_bf16(qh, di);
-      q4_inplace(qh, size_t(di), 32);
-    });
     wts = scratch(wts_buf, size_t(n * Hi));
-    linear(w.idx_weights_proj, x, n, wts, LinearOpts{});
-    const float k = bf16r(float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
-    for (int64_t j = 0; j < n * Hi; ++j) wts[j] = bf16r(wts[j] * k);
+    indexer_queries(w.indexer, c, rope, x, qr, cs.data(), n, qi, wts);
   }
 
   // Tile by tile in position order: each tile reads the cache rows that the
@@ -174,26 +120,16 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKin
     // §7: compressed rows completed inside this tile.
     stage.emplace(Stage::kCompressors);
     if (kind.has_compressor()) compressor_forward(w.compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.comp);
-    if (kind.has_indexer()) compressor_forward(w.idx_compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.idx_comp);
+    if (kind.has_indexer())
+      compressor_forward(w.indexer.compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.indexer.comp);
 
     // §8.3: each query's selected compressed rows, timed as the indexer's
     // (its scores are indexer FLOPs in the bench's per-stage report).
     const int64_t vis = kind.visible_rows(pt + nt - 1);  // compressed rows visible to the tile's last query
-    std::vector<std::vector<int32_t>> chosen(size_t(kind.has_indexer() ? nt : 0));
+    std::vector<std::vector<int32_t>> chosen;
     if (kind.has_indexer()) {
       stage.emplace(Stage::kIndexer);
-      float* const idx_rows = scratch(idx_buf, size_t(vis * di));
-      st.idx_comp.read_rows(vis, int(di), idx_rows);
-      // Kept per thread from tile to tile; the queries' tasks on other
-      // threads reach it through the reference (a thread_local name in the
-      // lambda would be their own).
-      thread_local IndexerRows packed_rows;
-      IndexerRows& packed = packed_rows;
-      packed.pack(idx_rows, vis, int(di));
-      parallel_for_each(nt, [&](int64_t i) {
-        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, packed, kind.visible_rows(pt + i), int(Hi),
-                       c.index_topk, &chosen[size_t(i)]);
-      });
+      indexer_choose(c, kind, st.indexer, qi + t0 * Hi * di, wts + t0 * Hi, pt, nt, &chosen);
     }
 
     stage.emplace(Stage::kAttention);

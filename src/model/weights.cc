@@ -96,9 +96,9 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
     if (lw.kind.has_compressor()) a.compressor = load_compressor(ck, ap + "compressor", c, lw.kind, c.head_dim, false);
     if (lw.kind.has_indexer()) {
       const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
-      a.idx_wq_b = load_weight(ck, ap + "indexer.wq_b", FP8, Hi * di, c.q_lora_rank, int(B));
-      a.idx_weights_proj = load_weight(ck, ap + "indexer.weights_proj", BF16, Hi, D, int(B));
-      a.idx_compressor = load_compressor(ck, ap + "indexer.compressor", c, lw.kind, c.index_head_dim, true);
+      a.indexer.wq_b = load_weight(ck, ap + "indexer.wq_b", FP8, Hi * di, c.q_lora_rank, int(B));
+      a.indexer.weights_proj = load_weight(ck, ap + "indexer.weights_proj", BF16, Hi, D, int(B));
+      a.indexer.compressor = load_compressor(ck, ap + "indexer.compressor", c, lw.kind, c.index_head_dim, true);
     }
     MoeWeights& f = lw.ffn;
     const std::string fp = p + "ffn.";

@@ -27,12 +27,18 @@ struct CompressorWeights {
   int64_t ring_slots() const { return int64_t(coff) * ratio; }
 };
 
+// The lightning indexer of a CSA layer (MODEL.md §8; model/indexer.h).
+struct IndexerWeights {
+  Weight wq_b;                  // FP8 [Hi·di][q_lora_rank]
+  Weight weights_proj;          // BF16 [Hi][D]
+  CompressorWeights compressor; // rows of index_head_dim
+};
+
 struct AttentionWeights {
   std::vector<float> q_norm, kv_norm, attn_sink;
   Weight wq_a, wq_b, wkv, wo_a, wo_b;
-  CompressorWeights compressor;        // LayerKind::has_compressor()
-  Weight idx_wq_b, idx_weights_proj;   // LayerKind::has_indexer()
-  CompressorWeights idx_compressor;    // LayerKind::has_indexer()
+  CompressorWeights compressor;  // LayerKind::has_compressor()
+  IndexerWeights indexer;        // LayerKind::has_indexer()
 };
 
 struct ExpertWeights {
