@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/arith.h"
 #include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
@@ -64,7 +65,7 @@ void hc_pre(const float* X, int64_t n, int hc, int64_t D, const HcWeights& w, in
   const int rows = (2 + hc) * hc;
   mix->post.assign(size_t(n * hc), 0.f);
   mix->comb.assign(size_t(n * hc * hc), 0.f);
-  parallel_for_each((n + kHcBlock - 1) / kHcBlock, [&](int64_t b) {
+  parallel_for_each(ceil_div<int64_t>(n, kHcBlock), [&](int64_t b) {
     const int64_t t0 = b * kHcBlock;
     const int tokens = int(std::min<int64_t>(kHcBlock, n - t0));
     const float* xs[kHcBlock];
