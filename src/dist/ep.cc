@@ -260,7 +260,7 @@ int64_t MpiExpertRunner::agree_rounds(int64_t local) {
 }
 
 void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n,
-                                 const Routing& r, float* y) {
+                                 const Routing& r, MoeActivations& act, float* y) {
   const double t_start = now_s();
   double comm_s = 0;
   const int R = ranks_;
@@ -347,7 +347,7 @@ void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, cons
     }
     rows[size_t(j)] = xr.data() + j * D;
   }
-  if (n_recv > 0) run_experts_local(w, c, rows.data(), er.data(), wr.data(), n_recv, yr.data());
+  if (n_recv > 0) run_experts_local(w, c, rows.data(), er.data(), wr.data(), n_recv, act, yr.data());
 
   // Send the outputs back in the order they came.
   std::vector<uint8_t> obuf(static_cast<size_t>(n_recv * out_bytes));

@@ -117,7 +117,7 @@ class MpiExpertRunner : public ExpertRunner {
   MpiExpertRunner& operator=(const MpiExpertRunner&) = delete;
 
   void run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n, const Routing& r,
-                  float* y) override;
+                  MoeActivations& act, float* y) override;
   int64_t agree_rounds(int64_t local) override;
 
   int rank() const { return rank_; }

@@ -10,6 +10,7 @@
 #include "core/stage_timer.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
+#include "model/activations.h"
 #include "model/hc.h"
 #include "model/moe.h"
 
@@ -49,15 +50,6 @@ struct Segment {
   int64_t i0, p0, n, row0, tile;
 };
 
-// The activation blocks of layer_forward, kept from layer to layer and
-// round to round of one prefill call: blocks this large (32 MB and more for
-// 2048 Flash rows) are mapped afresh by malloc on every allocation and cost
-// page faults and zeroing each time. Each layer writes what it reads.
-struct LayerScratch {
-  std::vector<float> y, f;
-  MoeScratch moe;
-};
-
 // Rows per attention projection step (see layer_forward). Measured on the
 // Flash attention projections, one thread pair: M = 128 -> 512 gave
 // 560-610 -> 600-675 GFLOP/s, M = 2048 no more; 512 rows keep q and the
@@ -68,7 +60,7 @@ constexpr int64_t kAttentionGroupRows = 512;
 // attention runs tile by tile in position order (each tile reads the caches
 // that the earlier ones wrote), then one MoE step over all rows.
 void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, const int32_t* tokens, int64_t rows,
-                   float* X, ExpertRunner* experts, LayerScratch& scratch) {
+                   float* X, ExpertRunner* experts, LayerActivations& scratch) {
   const ModelConfig& c = m.config;
   const LayerWeights& lw = m.weights.layers[size_t(layer)];
   const int64_t D = c.hidden_size;
@@ -92,9 +84,9 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
         rms_norm_rows_bf16(y.data(), n, lw.attn_norm.data(), D, c.rms_norm_eps, y.data());
       }
       attention_forward(lw.attn, c, lw.kind, m.rope(layer), y.data(), s.p0 + g0, n, s.tile,
-                        s.st->layers[size_t(layer)], f.data());
+                        s.st->layers[size_t(layer)], scratch.attention, f.data());
       ScopedStage st(Stage::kHc);
-      hc_post(f.data(), Xg, n, hc, D, mix);
+      hc_post(f.data(), Xg, n, hc, D, mix, scratch.hc);
     }
   }
   {
@@ -102,9 +94,9 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
     hc_pre(X, rows, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
     rms_norm_rows_bf16(y.data(), rows, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data());
   }
-  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, f.data(), experts, &scratch.moe);
+  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, scratch.moe, f.data(), experts);
   ScopedStage st(Stage::kHc);
-  hc_post(f.data(), X, rows, hc, D, mix);
+  hc_post(f.data(), X, rows, hc, D, mix, scratch.hc);
 }
 
 // hc_head → norm for `n` rows of X [.][hc][D] into hidden [n][D].
@@ -200,7 +192,7 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
   // (an ExpertRunner does not call it), and every block is written before
   // it is read.
   thread_local std::vector<float> X;
-  thread_local LayerScratch scratch;
+  thread_local LayerActivations scratch;
   std::vector<float> erow(static_cast<size_t>(D));
   std::vector<int32_t> round_tokens;
   for (int64_t round = 0; round < rounds; ++round) {

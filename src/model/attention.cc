@@ -51,15 +51,6 @@ struct Layer {
   LinearOpts quant() const { return quant_linear_opts(c.weight_block_size, c.scale_pow2); }
 };
 
-// The activations of one call: the rows' (16 MB for q alone per 128 Flash
-// rows) in buffers kept from call to call (core/scratch.h).
-struct AttentionBuffers {
-  std::vector<float> cs, qr, q, kv, qi, wts, o, u;
-  std::vector<uint32_t> window_keys, compressed_keys;
-  std::vector<int> window_exp, compressed_exp;
-  std::vector<std::vector<int32_t>> chosen;
-};
-
 // A tile's keys as bf16 pair rows (kernels/sparse_attention.h), each with
 // its smallest exponent: the window rows of positions [lo, p0 + n), then the
 // compressed rows visible to the tile's last query.
@@ -99,7 +90,7 @@ void project_kv(const Layer& L, const float* x, const float* cs, int64_t n, floa
 // The window keys of the tile at [p0, p0 + n) with kv rows [n][d]: the older
 // rows read from the ring first, then the tile's own; only then does the
 // tile overwrite the ring, so the ring needs just sliding_window slots.
-void window_keys(const Layer& L, const float* kv, int64_t p0, int64_t n, AttentionState& st, AttentionBuffers& b,
+void window_keys(const Layer& L, const float* kv, int64_t p0, int64_t n, AttentionState& st, AttentionActivations& b,
                  TileKeys* keys) {
   ScopedStage stage(Stage::kAttention);
   const int64_t W = st.window_rows, d = L.d, dp = key_pair_count(d);
@@ -121,15 +112,17 @@ void window_keys(const Layer& L, const float* kv, int64_t p0, int64_t n, Attenti
 
 // §7: the compressed rows (and the indexer's) completed inside the tile of
 // sublayer inputs x [n][D] at [p0, p0 + n).
-void update_compressed_rows(const Layer& L, const float* x, int64_t p0, int64_t n, AttentionState& st) {
+void update_compressed_rows(const Layer& L, const float* x, int64_t p0, int64_t n, AttentionState& st,
+                            CompressorActivations& act) {
   ScopedStage stage(Stage::kCompressors);
-  if (L.kind.has_compressor()) compressor_forward(L.w.compressor, L.c, L.rope, x, p0, n, st.comp);
-  if (L.kind.has_indexer()) compressor_forward(L.w.indexer.compressor, L.c, L.rope, x, p0, n, st.indexer.comp);
+  if (L.kind.has_compressor()) compressor_forward(L.w.compressor, L.c, L.rope, x, p0, n, st.comp, act);
+  if (L.kind.has_indexer())
+    compressor_forward(L.w.indexer.compressor, L.c, L.rope, x, p0, n, st.indexer.comp, act);
 }
 
 // The compressed rows visible to the last query of the tile ending at
 // position `last`, as key pair rows.
-void compressed_keys(const Layer& L, const AttentionState& st, int64_t last, AttentionBuffers& b, TileKeys* keys) {
+void compressed_keys(const Layer& L, const AttentionState& st, int64_t last, AttentionActivations& b, TileKeys* keys) {
   if (!L.kind.has_compressor()) return;
   ScopedStage stage(Stage::kAttention);
   const int64_t vis = L.kind.visible_rows(last), dp = key_pair_count(L.d);
@@ -173,7 +166,7 @@ void sparse_attention(const Layer& L, const float* q, const float* cs, int64_t p
 // §6.7: grouped low-rank output, o [n][H][d] -> out [n][D]. wo_a's FP8
 // values are exact in bf16, so the bf16 product is the FP8 weight without
 // activation quantisation.
-void project_output(const Layer& L, const float* o, int64_t n, AttentionBuffers& b, float* out) {
+void project_output(const Layer& L, const float* o, int64_t n, AttentionActivations& b, float* out) {
   ScopedStage stage(Stage::kProjections);
   const int64_t G = L.c.o_groups, ol = L.c.o_lora_rank, Hd = L.H * L.d, gw = Hd / G;
   float* const u = scratch(b.u, size_t(n * G * ol));
@@ -185,16 +178,16 @@ void project_output(const Layer& L, const float* o, int64_t n, AttentionBuffers&
 // One tile, rows [t0, t0 + n) of the call at positions [p0, p0 + n): reads
 // the cache rows that the earlier tiles wrote, writes its own.
 void attend_tile(const Layer& L, const float* x, int64_t t0, int64_t p0, int64_t n, AttentionState& st,
-                 AttentionBuffers& b) {
+                 AttentionActivations& b) {
   const int64_t H = L.H, d = L.d, Hi = L.c.index_n_heads, di = L.c.index_head_dim;
   TileKeys keys;
   window_keys(L, b.kv.data() + t0 * d, p0, n, st, b, &keys);
-  update_compressed_rows(L, x + t0 * L.c.hidden_size, p0, n, st);
+  update_compressed_rows(L, x + t0 * L.c.hidden_size, p0, n, st, b.compressor);
   if (L.kind.has_indexer()) {
     // Timed as the indexer's: its scores are indexer FLOPs in the bench's
     // per-stage report.
     ScopedStage stage(Stage::kIndexer);
-    indexer_choose(L.c, L.kind, st.indexer, b.qi.data() + t0 * Hi * di, b.wts.data() + t0 * Hi, p0, n, &b.chosen);
+    indexer_choose(L.c, L.kind, st.indexer, b.qi.data() + t0 * Hi * di, b.wts.data() + t0 * Hi, p0, n, b.indexer, &b.chosen);
   }
   compressed_keys(L, st, p0 + n - 1, b, &keys);
   sparse_attention(L, b.q.data() + t0 * H * d, b.cs.data() + t0 * L.rd, p0, n, keys, b.chosen, st.window_rows,
@@ -204,12 +197,11 @@ void attend_tile(const Layer& L, const float* x, int64_t t0, int64_t p0, int64_t
 }  // namespace
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out) {
+                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st,
+                       AttentionActivations& b, float* out) {
   const Layer L(w, c, kind, rope);
   const int64_t H = L.H, d = L.d, rd = L.rd, Hi = c.index_n_heads, di = c.index_head_dim;
   if (tile <= 0 || tile > n) tile = n;
-  thread_local AttentionBuffers buffers;
-  AttentionBuffers& b = buffers;
   float* const cs = scratch(b.cs, size_t(n * rd));  // the rows' rotation tables
   {
     // The projections read only x, never the caches, so they run over all

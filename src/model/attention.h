@@ -30,12 +30,27 @@ struct AttentionState {
   size_t bytes_held() const;
 };
 
+// attention_forward's buffers (model/activations.h), over the n rows of a call
+// (16 MB for q alone per 128 Flash rows).
+struct AttentionActivations {
+  std::vector<float> cs;                 // the rows' rotation tables [n][rd]
+  std::vector<float> qr, q, kv;          // q latent, query heads, raw kv rows
+  std::vector<float> qi, wts;            // indexer queries and head weights
+  std::vector<float> o, u;               // attention output, grouped low-rank output
+  std::vector<uint32_t> window_keys, compressed_keys;  // a tile's keys as pair rows
+  std::vector<int> window_exp, compressed_exp;         // their smallest exponents
+  std::vector<std::vector<int32_t>> chosen;            // a tile's indexer choices
+  CompressorActivations compressor;
+  IndexerActivations indexer;
+};
+
 // x: the normalised sublayer input [n][D] (bf16) of positions [p0, p0 + n).
 // Writes the sublayer output [n][D] (bf16) to out. The projections run over
 // all n rows at once; the cache-reading part (window, compressors, indexer,
 // sparse attention) runs tile by tile, `tile` rows at a time in position
 // order (tile <= 0: all n). The result does not depend on n or tile.
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out);
+                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st,
+                       AttentionActivations& act, float* out);
 
 }  // namespace dsv4

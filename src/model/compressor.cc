@@ -79,11 +79,10 @@ void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const
 }
 
 void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st) {
+                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act) {
   const int r = w.ratio, hd = w.head_dim, slots = w.coff * r, width = w.coff * hd;
-  thread_local std::vector<float> a_buf, g_buf;
-  float* const A = scratch(a_buf, size_t(n * width));
-  float* const G = scratch(g_buf, size_t(n * width));
+  float* const A = scratch(act.a, size_t(n * width));
+  float* const G = scratch(act.g, size_t(n * width));
   LinearOpts fp32_out;
   fp32_out.out_bf16 = false;
   linear(w.wkv, x, n, A, fp32_out);

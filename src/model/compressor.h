@@ -32,10 +32,16 @@ struct CompressorState {
   void read_rows(int64_t n, int hd, float* dst) const;
 };
 
+// compressor_forward's buffers (model/activations.h): the tile's wkv and
+// wgate products [n][coff·hd].
+struct CompressorActivations {
+  std::vector<float> a, g;
+};
+
 // Feeds the tile's normalised sublayer inputs x [n][D] at positions
 // [p0, p0 + n) and appends every compressed row completed inside the tile.
 void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st);
+                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act);
 
 // Emits row `c_idx` from the state's ring (all its source tokens present).
 void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,

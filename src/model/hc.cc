@@ -8,6 +8,7 @@
 #include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/dot.h"
+#include "model/workers.h"
 
 namespace dsv4 {
 
@@ -111,20 +112,22 @@ void hc_pre(const float* X, int64_t n, int hc, int64_t D, const HcWeights& w, in
   });
 }
 
-void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix& mix) {
-  parallel_for_each(n, [&](int64_t t) {
-    float* x = X + t * hc * D;
-    const float* post = mix.post.data() + t * hc;
-    const float* C = mix.comb.data() + t * hc * hc;
-    thread_local std::vector<float> out_buf;
-    float* const out = scratch(out_buf, size_t(hc * D));
-    for (int k = 0; k < hc; ++k) {
-      float* o = out + k * D;
-      stream_sum(x, C + k, hc, hc, D, o);  // Σ_j C[j][k]·X[j]
-      for (int64_t c = 0; c < D; ++c) o[c] = post[k] * f[t * D + c] + o[c];
+void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix& mix, HcActivations& act) {
+  std::vector<std::vector<float>>& per_worker = worker_slots(act.per_worker);
+  ThreadPool::global().parallel_for(n, [&](int64_t b, int64_t e, int worker) {
+    float* const out = scratch(per_worker[size_t(worker)], size_t(hc * D));
+    for (int64_t t = b; t < e; ++t) {
+      float* x = X + t * hc * D;
+      const float* post = mix.post.data() + t * hc;
+      const float* C = mix.comb.data() + t * hc * hc;
+      for (int k = 0; k < hc; ++k) {
+        float* o = out + k * D;
+        stream_sum(x, C + k, hc, hc, D, o);  // Σ_j C[j][k]·X[j]
+        for (int64_t c = 0; c < D; ++c) o[c] = post[k] * f[t * D + c] + o[c];
+      }
+      bf16r_inplace(out, size_t(hc * D));
+      std::copy(out, out + hc * D, x);
     }
-    bf16r_inplace(out, size_t(hc * D));
-    std::copy(out, out + hc * D, x);
   });
 }
 

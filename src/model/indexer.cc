@@ -11,6 +11,7 @@
 #include "kernels/hadamard.h"
 #include "kernels/indexer_score.h"
 #include "kernels/topk.h"
+#include "model/workers.h"
 
 namespace dsv4 {
 
@@ -53,7 +54,7 @@ void indexer_queries(const IndexerWeights& w, const ModelConfig& c, const RopeTa
 }
 
 void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
-                    std::vector<int32_t>* chosen) {
+                    IndexerQueryBuffers& buf, std::vector<int32_t>* chosen) {
   if (n_visible <= topk) {  // every row is chosen, whatever the scores
     chosen->resize(size_t(n_visible));
     std::iota(chosen->begin(), chosen->end(), 0);
@@ -64,9 +65,8 @@ void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, 
   // The panels hold rows past n_visible too: their columns are not written,
   // and an output's chain does not depend on the other columns.
   const int di = rows.di;
-  thread_local std::vector<float> dots_buf, score_buf;
-  float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
-  float* const score = scratch(score_buf, size_t(n_visible));
+  float* const dots = scratch(buf.dots, size_t(int64_t(Hi) * n_visible));
+  float* const score = scratch(buf.score, size_t(n_visible));
   const PairSource packed = [&](int64_t n0, int* min_exponent) { return rows.panel(n0, min_exponent); };
   gemm(qi, di, Hi, di, n_visible, dense_rows_loader(rows.rows, di, n_visible, di), GemmOut{dots, n_visible, true},
        /*parallel=*/false, nullptr, &packed);
@@ -75,22 +75,18 @@ void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, 
 }
 
 void indexer_choose(const ModelConfig& c, LayerKind kind, const IndexerState& st, const float* qi, const float* wts,
-                    int64_t p0, int64_t n, std::vector<std::vector<int32_t>>* chosen) {
+                    int64_t p0, int64_t n, IndexerActivations& act, std::vector<std::vector<int32_t>>* chosen) {
   const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
   const int64_t vis = kind.visible_rows(p0 + n - 1);  // rows visible to the tile's last query
-  thread_local std::vector<float> idx_buf;
-  float* const idx_rows = scratch(idx_buf, size_t(vis * di));
-  st.comp.read_rows(vis, int(di), idx_rows);
-  // Kept per thread from tile to tile; the queries' tasks on other
-  // threads reach it through the reference (a thread_local name in the
-  // lambda would be their own).
-  thread_local IndexerRows packed_rows;
-  IndexerRows& packed = packed_rows;
-  packed.pack(idx_rows, vis, int(di));
+  float* const rows = scratch(act.rows, size_t(vis * di));
+  st.comp.read_rows(vis, int(di), rows);
+  act.packed.pack(rows, vis, int(di));
   chosen->resize(size_t(n));
-  parallel_for_each(n, [&](int64_t i) {
-    indexer_select(qi + i * Hi * di, wts + i * Hi, packed, kind.visible_rows(p0 + i), int(Hi), c.index_topk,
-                   &(*chosen)[size_t(i)]);
+  std::vector<IndexerQueryBuffers>& per_worker = worker_slots(act.per_worker);
+  ThreadPool::global().parallel_for(n, [&](int64_t b, int64_t e, int worker) {
+    for (int64_t i = b; i < e; ++i)
+      indexer_select(qi + i * Hi * di, wts + i * Hi, act.packed, kind.visible_rows(p0 + i), int(Hi), c.index_topk,
+                     per_worker[size_t(worker)], &(*chosen)[size_t(i)]);
   });
 }
 

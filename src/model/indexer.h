@@ -41,6 +41,18 @@ struct IndexerRows {
   const uint32_t* panel(int64_t n0, int* min_exponent) const;
 };
 
+// One indexer_select's buffers: the query's per-head dots and row scores.
+struct IndexerQueryBuffers {
+  std::vector<float> dots, score;
+};
+
+// indexer_choose's buffers (model/activations.h).
+struct IndexerActivations {
+  std::vector<float> rows;                      // the tile's visible indexer rows, fp32
+  IndexerRows packed;                           // the same rows packed
+  std::vector<IndexerQueryBuffers> per_worker;  // by parallel_for worker id
+};
+
 // §8.1–8.2 for rows [0, n): qi [n][Hi][di] from the q latent qr [n][q_lora_rank]
 // (rotated with the rows' tables cs [n][rd], Hadamard, FP4) and the head
 // weights wts [n][Hi] from the sublayer input x [n][D].
@@ -52,12 +64,12 @@ void indexer_queries(const IndexerWeights& w, const ModelConfig& c, const RopeTa
 // qi [Hi][di] and weights wts [Hi], and returns the chosen row indices in
 // ascending order.
 void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
-                    std::vector<int32_t>* chosen);
+                    IndexerQueryBuffers& buf, std::vector<int32_t>* chosen);
 
 // The choice of every query of a tile at positions [p0, p0 + n), from the
 // indexer rows in `st` (those of the tile included) and the queries' qi and
 // wts (first rows of the tile): chosen[i] for position p0 + i.
 void indexer_choose(const ModelConfig& c, LayerKind kind, const IndexerState& st, const float* qi, const float* wts,
-                    int64_t p0, int64_t n, std::vector<std::vector<int32_t>>* chosen);
+                    int64_t p0, int64_t n, IndexerActivations& act, std::vector<std::vector<int32_t>>* chosen);
 
 }  // namespace dsv4
