@@ -11,7 +11,7 @@
 
 #include <memory>
 
-#include "engine/cache_pool.h"
+#include "core/cache_pool.h"
 #include "model/attention.h"
 #include "model/model.h"
 #include "model/moe.h"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/cache_pool.h"
+#include "core/cache_pool.h"
 #include "io/config.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
