@@ -49,6 +49,7 @@
 #include "model/attention.h"
 #include "model/compressor.h"
 #include "model/hc.h"
+#include "model/model.h"
 #include "model/moe.h"
 #include "model/weights.h"
 
@@ -829,7 +830,7 @@ TEST(StageNorm, QHeadNormFollowsBf16RoundingPoints) {
 
 TEST(StageRope, SwaFrequenciesArePlainPowers) {
   const ModelConfig c = rope_config(16);  // YaRN fields set, but SWA tables ignore them
-  dsv4::RopeTable t(c, /*compressed=*/false);
+  dsv4::RopeTable t(dsv4::rope_params(c, /*compressed=*/false));
   ASSERT_EQ(t.rd(), 16);
   ASSERT_EQ(t.freqs().size(), 8u);
   const std::vector<float> ref = ref_freqs(c, false);
@@ -852,7 +853,7 @@ TEST(StageRope, YarnFrequenciesFollowTheRamp) {
     const YarnRange y = yarn_range(c, c.compress_rope_theta);
     ASSERT_EQ(y.low, k.low);
     ASSERT_EQ(y.high, k.high);
-    dsv4::RopeTable t(c, /*compressed=*/true);
+    dsv4::RopeTable t(dsv4::rope_params(c, /*compressed=*/true));
     const std::vector<float> ref = ref_freqs(c, true);
     ASSERT_EQ(t.freqs().size(), ref.size());
     for (int p = 0; p < k.rd / 2; ++p) {
@@ -877,7 +878,7 @@ TEST(StageRope, YarnDegenerateRangeUsesHighPlusMilli) {
   const YarnRange y = yarn_range(c, c.compress_rope_theta);
   ASSERT_EQ(y.low, 5.0);
   ASSERT_DOUBLE_EQ(y.high, 5.001);
-  dsv4::RopeTable t(c, true);
+  dsv4::RopeTable t(dsv4::rope_params(c, true));
   for (int p = 0; p < 8; ++p) {
     const float f = 1.0f / powf(160000.f, float(2 * p) / 16.f);
     EXPECT_FALSE(std::isnan(t.freqs()[size_t(p)])) << "p " << p;
@@ -888,7 +889,7 @@ TEST(StageRope, YarnDegenerateRangeUsesHighPlusMilli) {
 TEST(StageRope, YarnOnlyWithOriginalMaxPosition) {
   ModelConfig c = rope_config(16);
   c.rope_original_max_position = 0;
-  dsv4::RopeTable t(c, true);
+  dsv4::RopeTable t(dsv4::rope_params(c, true));
   for (int p = 0; p < 8; ++p) EXPECT_EQ(t.freqs()[size_t(p)], 1.0f / powf(160000.f, float(2 * p) / 16.f)) << p;
 }
 
@@ -896,7 +897,7 @@ TEST(StageRope, CosSinAndRotationFollowTheFp32Formula) {
   Rng rng(71);
   for (bool compressed : {false, true}) {
     const ModelConfig c = rope_config(16);
-    dsv4::RopeTable t(c, compressed);
+    dsv4::RopeTable t(dsv4::rope_params(c, compressed));
     const std::vector<float> f = ref_freqs(c, compressed);
     for (int64_t pos : {0, 1, 7, 100, 4097, 8191, 65535, 1000003}) {
       SCOPED_TRACE("compressed " + std::to_string(compressed) + " pos " + std::to_string(pos));
@@ -920,7 +921,7 @@ TEST(StageRope, CosSinAndRotationFollowTheFp32Formula) {
 TEST(StageRope, InverseUndoesRotation) {
   Rng rng(81);
   const ModelConfig c = rope_config(16);
-  dsv4::RopeTable t(c, true);
+  dsv4::RopeTable t(dsv4::rope_params(c, true));
   for (int64_t pos : {0, 3, 777, 8191, 123456}) {
     std::vector<float> cs(16);
     t.cos_sin(pos, cs.data());
@@ -1375,7 +1376,7 @@ std::vector<float> ref_compress(const CompFixture& f) {
 
 // Feeds the fixture's tokens in tiles starting at the given split points.
 dsv4::CompressorState run_compressor(const CompFixture& f, std::vector<int64_t> splits) {
-  const dsv4::RopeTable rope(f.c, true);
+  const dsv4::RopeTable rope(dsv4::rope_params(f.c, true));
   // Pages for the compressor state; the pool outlives every state made here.
   static dsv4::CachePool pool(size_t(256) << 20);
   dsv4::CompressorState st;
@@ -1483,7 +1484,7 @@ TEST(StageCompressor, EmitRowFromStateMatchesForward) {
   const dsv4::CompressorState st = run_compressor(f, {});
   ASSERT_EQ(st.n_rows, 6);
   std::vector<float> row(144);
-  dsv4::compressor_emit_row(f.w, f.c, dsv4::RopeTable(f.c, true), st, 5, row.data());
+  dsv4::compressor_emit_row(f.w, f.c, dsv4::RopeTable(dsv4::rope_params(f.c, true)), st, 5, row.data());
   const std::vector<float> rows = state_rows(st, 144);
   EXPECT_TRUE(same_bits(row, std::vector<float>(rows.begin() + 5 * 144, rows.begin() + 6 * 144)));
 }

@@ -10,6 +10,11 @@
 
 namespace dsv4 {
 
+// The RoPE of a layer from the config (MODEL.md §5): SWA layers rope_theta
+// without YaRN; layers with a compressor (compressed = true)
+// compress_rope_theta with the config's YaRN.
+RopeParams rope_params(const ModelConfig& c, bool compressed);
+
 struct Model {
   ModelConfig config;
   Checkpoint checkpoint;  // owns the mappings the weights point into
