@@ -50,10 +50,9 @@ struct Segment {
   int64_t i0, p0, n, row0, tile;
 };
 
-// Rows per attention projection step (see layer_forward). Measured on the
-// Flash attention projections, one thread pair: M = 128 -> 512 gave
-// 560-610 -> 600-675 GFLOP/s, M = 2048 no more; 512 rows keep q and the
-// attention output at 64 MB each for Flash shapes.
+// Rows per attention projection step (see layer_forward): enough rows for
+// the projections to reuse each decoded weight panel well, while q and the
+// attention output stay at 64 MB each for Flash shapes.
 constexpr int64_t kAttentionGroupRows = 512;
 
 // One layer on every row of the round. X [rows][hc][D] is updated in place:

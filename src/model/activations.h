@@ -6,8 +6,8 @@
 // them.
 //
 // A buffer grows to the largest size asked of it and stays (core/scratch.h
-// scratch(vec, n)): a fresh block per call was zero-filled and, over glibc's
-// mmap threshold, mapped and faulted in anew every time. A function writes
+// scratch(vec, n)): a fresh block per call would be zero-filled and, over
+// glibc's mmap threshold, mapped and faulted in anew every time. A function writes
 // every element it reads. Temporaries of the tasks of a parallel loop come
 // from a per-worker array (model/workers.h worker_slots), indexed by the
 // worker id that ThreadPool::parallel_for passes.

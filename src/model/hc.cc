@@ -19,8 +19,8 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 constexpr int kHcBlock = 8;  // tokens per block of mixes
 
 // m[t] = (fn · x_t) · r_t for the tokens of a block, r_t = 1/sqrt(mean(x_t²)
-// + eps) over the flattened streams. Four tokens at a time (dot4_f32): one
-// dot product at a time waited on its adds' latency.
+// + eps) over the flattened streams. Four tokens at a time (dot4_f32), so
+// that four independent sums hide the latency of each one's adds.
 void mixes(const float* const* x, int tokens, int64_t len, const float* fn, int rows, float norm_eps, float* m) {
   float r[kHcBlock];
   for (int t = 0; t < tokens; ++t) r[t] = 1.0f / std::sqrt(sumsq_f32(x[t], len) / float(len) + norm_eps);

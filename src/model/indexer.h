@@ -27,8 +27,8 @@ struct IndexerState {
 };
 
 // The indexer rows visible to a tile [n][di], also packed once as gemm
-// pair panels (kernels/gemm.h PairSource) for every query's score product:
-// packing them per query cost as much as ~15% of the indexer's products.
+// pair panels (kernels/gemm.h PairSource) that every query's score product
+// reads, so that the queries do not each pack the same rows again.
 struct IndexerRows {
   const float* rows = nullptr;
   int64_t n = 0;
