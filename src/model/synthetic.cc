@@ -262,7 +262,7 @@ struct Plan {
     s.stream = prefix + ".weight";
     add(prefix + ".weight", DType::kF8E4M3, {out, in}, s);
     s.kind = Source::Kind::kFP8Scale;
-    add(prefix + ".scale", DType::kF8E8M0, {ceil_div<int64_t>(out, block), ceil_div<int64_t>(in, block)}, s);
+    add(prefix + ".scale", DType::kF8E8M0, {(out + block - 1) / block, (in + block - 1) / block}, s);
   }
   void fp4(const std::string& prefix, int64_t out, int64_t in, float stddev) {
     Source s;
@@ -385,7 +385,7 @@ struct Quantised {
 };
 
 void gen_fp8(const Source& s, uint64_t key, int block, Quantised* q) {
-  const int64_t R = s.rows, C = s.cols, rb = ceil_div<int64_t>(R, block), cb = ceil_div<int64_t>(C, block);
+  const int64_t R = s.rows, C = s.cols, rb = (R + block - 1) / block, cb = (C + block - 1) / block;
   q->codes.resize(size_t(R * C));
   q->scales.resize(size_t(rb * cb));
   ThreadPool::global().parallel_for(rb, [&](int64_t b0, int64_t b1, int) {
@@ -467,7 +467,7 @@ void gen_tid2eid(const Source& s, uint64_t key, uint8_t* dst) {
 void gen_values(const Source& s, const TensorSpec& t, uint64_t key, uint8_t* dst) {
   const int64_t n = int64_t(t.nbytes() / dtype_size(t.dtype));
   constexpr int64_t kChunk = 1 << 16;
-  ThreadPool::global().parallel_for(ceil_div<int64_t>(n, kChunk), [&](int64_t c0, int64_t c1, int) {
+  ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1, int) {
     std::vector<float> x(static_cast<size_t>(kChunk));
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t i0 = c * kChunk, m = std::min(n, i0 + kChunk) - i0;
