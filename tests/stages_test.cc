@@ -1386,7 +1386,8 @@ dsv4::CompressorState run_compressor(const CompFixture& f, std::vector<int64_t> 
   splits.push_back(f.T);
   dsv4::CompressorActivations act;
   for (size_t i = 0; i + 1 < splits.size(); ++i)
-    dsv4::compressor_forward(f.w, f.c, rope, f.x.data() + splits[i] * f.D, splits[i], splits[i + 1] - splits[i], st, act);
+    dsv4::compressor_forward(f.w, f.c, rope, f.x.data() + splits[i] * f.D, splits[i], splits[i + 1] - splits[i], st,
+                             act);
   return st;
 }
 
@@ -2044,7 +2045,8 @@ TEST(StageMoe, ForwardSumsRoutedInIdOrderPlusShared) {
           ASSERT_LT(r.expert[size_t(t * k + j - 1)], r.expert[size_t(t * k + j)]);
         }
         const int32_t e = r.expert[size_t(t * k + j)];
-        dsv4::expert_forward(f.w.experts[size_t(e)], f.c, x.data() + t * D, 1, &r.weight[size_t(t * k + j)], f.act.shared, y.data());
+        dsv4::expert_forward(f.w.experts[size_t(e)], f.c, x.data() + t * D, 1, &r.weight[size_t(t * k + j)],
+                             f.act.shared, y.data());
         for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += y[size_t(d)];
       }
       dsv4::expert_forward(f.w.shared, f.c, x.data() + t * D, 1, nullptr, f.act.shared, y.data());
@@ -2085,7 +2087,8 @@ TEST(StageMoe, ForwardSumOrderIsAscendingExpertId) {
   ASSERT_EQ(r.weight[0], r.weight[1]);
   std::vector<std::vector<float>> y(4, std::vector<float>(static_cast<size_t>(D)));
   for (int j = 0; j < 3; ++j)
-    dsv4::expert_forward(f.w.experts[size_t(j)], f.c, x.data(), 1, &r.weight[size_t(j)], f.act.shared, y[size_t(j)].data());
+    dsv4::expert_forward(f.w.experts[size_t(j)], f.c, x.data(), 1, &r.weight[size_t(j)], f.act.shared,
+                         y[size_t(j)].data());
   dsv4::expert_forward(f.w.shared, f.c, x.data(), 1, nullptr, f.act.shared, y[3].data());
   std::vector<float> out(static_cast<size_t>(D));
   dsv4::moe_forward(f.w, f.c, 0, x.data(), &tok, 1, f.act, out.data());

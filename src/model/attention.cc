@@ -171,7 +171,8 @@ void project_output(const Layer& L, const float* o, int64_t n, AttentionActivati
   const int64_t G = L.c.o_groups, ol = L.c.o_lora_rank, Hd = L.H * L.d, gw = Hd / G;
   float* const u = scratch(b.u, size_t(n * G * ol));
   LinearOpts bf16_out;
-  for (int64_t g = 0; g < G; ++g) linear(L.w.wo_a, o + g * gw, n, u + g * ol, bf16_out, g * ol, (g + 1) * ol, Hd, G * ol);
+  for (int64_t g = 0; g < G; ++g)
+    linear(L.w.wo_a, o + g * gw, n, u + g * ol, bf16_out, g * ol, (g + 1) * ol, Hd, G * ol);
   linear(L.w.wo_b, u, n, out, L.quant());
 }
 
@@ -187,7 +188,8 @@ void attend_tile(const Layer& L, const float* x, int64_t t0, int64_t p0, int64_t
     // Timed as the indexer's: its scores are indexer FLOPs in the bench's
     // per-stage report.
     ScopedStage stage(Stage::kIndexer);
-    indexer_choose(L.c, L.kind, st.indexer, b.qi.data() + t0 * Hi * di, b.wts.data() + t0 * Hi, p0, n, b.indexer, &b.chosen);
+    indexer_choose(L.c, L.kind, st.indexer, b.qi.data() + t0 * Hi * di, b.wts.data() + t0 * Hi, p0, n, b.indexer,
+                   &b.chosen);
   }
   compressed_keys(L, st, p0 + n - 1, b, &keys);
   sparse_attention(L, b.q.data() + t0 * H * d, b.cs.data() + t0 * L.rd, p0, n, keys, b.chosen, st.window_rows,
