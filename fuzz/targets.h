@@ -34,6 +34,7 @@
 #include "io/tokenizer.h"
 #include "kernels/rope.h"
 #include "io/synthetic.h"
+#include "model/model.h"
 
 namespace dsv4::fuzz {
 
@@ -145,7 +146,7 @@ inline void config(const uint8_t* data, size_t size) {
   for (int l = 0; l < c.num_hidden_layers; ++l) fuzz_check(c.ratio(l) == 0 || c.ratio(l) >= 2);
   fuzz_check(c.nope_dim() >= 0 && c.num_experts_per_tok <= c.n_routed_experts);
   fuzz_check(c.bos_token_id < c.vocab_size && c.eos_token_id < c.vocab_size);
-  RopeTable swa(c, false), compressed(c, true);
+  RopeTable swa(rope_params(c, false)), compressed(rope_params(c, true));
   std::vector<float> cs(size_t(c.qk_rope_head_dim));
   compressed.cos_sin(c.max_position_embeddings - 1, cs.data());
 }

@@ -10,10 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/cache_pool.h"
+#include "core/cache_pool.h"
 #include "io/config.h"
 #include "kernels/rope.h"
 #include "model/compressor.h"
+#include "model/model.h"
 #include "model/weights.h"
 #include "stage_util.h"
 
@@ -150,7 +151,7 @@ std::vector<float> ref_compress(const CompFixture& f) {
 
 // Feeds the fixture's tokens in tiles starting at the given split points.
 dsv4::CompressorState run_compressor(const CompFixture& f, std::vector<int64_t> splits) {
-  const dsv4::RopeTable rope(f.c, true);
+  const dsv4::RopeTable rope(dsv4::rope_params(f.c, true));
   // Pages for the compressor state; the pool outlives every state made here.
   static dsv4::CachePool pool(size_t(256) << 20);
   dsv4::CompressorState st;
@@ -158,8 +159,10 @@ dsv4::CompressorState run_compressor(const CompFixture& f, std::vector<int64_t> 
   st.reserve(f.w, f.T);
   splits.insert(splits.begin(), 0);
   splits.push_back(f.T);
+  dsv4::CompressorActivations act;
   for (size_t i = 0; i + 1 < splits.size(); ++i)
-    dsv4::compressor_forward(f.w, f.c, rope, f.x.data() + splits[i] * f.D, splits[i], splits[i + 1] - splits[i], st);
+    dsv4::compressor_forward(f.w, f.c, rope, f.x.data() + splits[i] * f.D, splits[i], splits[i + 1] - splits[i], st,
+                             act);
   return st;
 }
 
@@ -257,7 +260,7 @@ TEST(StageCompressor, EmitRowFromStateMatchesForward) {
   const dsv4::CompressorState st = run_compressor(f, {});
   ASSERT_EQ(st.n_rows, 6);
   std::vector<float> row(144);
-  dsv4::compressor_emit_row(f.w, f.c, dsv4::RopeTable(f.c, true), st, 5, row.data());
+  dsv4::compressor_emit_row(f.w, f.c, dsv4::RopeTable(dsv4::rope_params(f.c, true)), st, 5, row.data());
   const std::vector<float> rows = state_rows(st, 144);
   EXPECT_TRUE(same_bits(row, std::vector<float>(rows.begin() + 5 * 144, rows.begin() + 6 * 144)));
 }

@@ -14,6 +14,7 @@
 #include "core/formats.h"
 #include "kernels/dot.h"
 #include "model/hc.h"
+#include "model/model.h"
 #include "stage_util.h"
 
 namespace {
@@ -184,7 +185,8 @@ TEST(StageHc, PostMatchesReference) {
   // A deliberately asymmetric C, so C[j][k] and C[k][j] cannot be confused.
   for (int64_t i = 0; i < n * hc * hc; ++i) mix.comb.push_back(float(rng.uniform(0, 1)));
   std::vector<float> X0 = X;
-  dsv4::hc_post(f.data(), X.data(), n, hc, D, mix);
+  dsv4::HcActivations act;
+  dsv4::hc_post(f.data(), X.data(), n, hc, D, mix, act);
   for (int64_t t = 0; t < n; ++t)
     for (int k = 0; k < hc; ++k)
       for (int64_t c = 0; c < D; ++c) {
@@ -246,7 +248,8 @@ TEST(StageHc, FastPathsEqualPlainLoopsBitwise) {
     }
   }
   std::vector<float> X = X0;
-  dsv4::hc_post(f.data(), X.data(), k.n, hc, D, mix);
+  dsv4::HcActivations act;
+  dsv4::hc_post(f.data(), X.data(), k.n, hc, D, mix, act);
   for (int64_t t = 0; t < k.n; ++t)
     for (int kk = 0; kk < hc; ++kk)
       for (int64_t c = 0; c < D; ++c) {

@@ -73,7 +73,8 @@ std::vector<int32_t> index_select(const std::vector<float>& qi, const std::vecto
   std::vector<int32_t> chosen;
   dsv4::IndexerRows packed;
   packed.pack(rows.data(), int64_t(rows.size()) / di, di);
-  dsv4::indexer_select(qi.data(), w.data(), packed, n_visible, Hi, topk_n, &chosen);
+  dsv4::IndexerQueryBuffers buf;
+  dsv4::indexer_select(qi.data(), w.data(), packed, n_visible, Hi, topk_n, buf, &chosen);
   return chosen;
 }
 

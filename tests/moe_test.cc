@@ -55,6 +55,7 @@ struct MoeFixture {
   std::vector<TestExpert> experts;
   TestExpert shared;
   dsv4::MoeWeights w;
+  mutable dsv4::MoeActivations act;
 
   // D = 64, E = 8, k = 3, I = 32; routed experts FP4, shared FP8 (partial
   // 128-blocks). Every weight is on a grid that keeps the first linears exact.
@@ -144,7 +145,7 @@ RefRoute ref_route(const MoeFixture& f, int layer, const float* x, int32_t token
 
 void check_route(const MoeFixture& f, int layer, const std::vector<float>& x, const std::vector<int32_t>& tokens) {
   const int64_t n = int64_t(tokens.size()), D = f.c.hidden_size, k = f.c.num_experts_per_tok;
-  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, layer, x.data(), tokens.data(), n);
+  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, layer, x.data(), tokens.data(), n, f.act);
   ASSERT_EQ(r.expert.size(), size_t(n * k));
   ASSERT_EQ(r.weight.size(), size_t(n * k));
   for (int64_t t = 0; t < n; ++t) {
@@ -174,7 +175,7 @@ TEST(StageMoe, RouteHashLayerUsesTid2eid) {
   const std::vector<int32_t> tokens = {3, 0, 15, 3};
   check_route(f, /*layer=*/0, x, tokens);
   // The ids are the token's tid2eid row, sorted; the bias plays no part.
-  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 0, x.data(), tokens.data(), 4);
+  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 0, x.data(), tokens.data(), 4, f.act);
   std::vector<int32_t> ids(f.w.tid2eid.begin() + 15 * 3, f.w.tid2eid.begin() + 16 * 3);
   std::sort(ids.begin(), ids.end());
   EXPECT_EQ(std::vector<int32_t>(r.expert.begin() + 6, r.expert.begin() + 9), ids);
@@ -192,7 +193,7 @@ TEST(StageMoe, RouteTiesGoToTheLowerExpertId) {
   const int32_t tok = 0;
   for (int k : {2, 3, 4}) {
     f.c.num_experts_per_tok = k;
-    const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 1, x.data(), &tok, 1);
+    const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 1, x.data(), &tok, 1, f.act);
     const std::vector<std::vector<int32_t>> want = {{1, 4}, {1, 4, 6}, {0, 1, 4, 6}};
     EXPECT_EQ(r.expert, want[size_t(k - 2)]) << "k " << k;
     for (float wt : r.weight) EXPECT_FLOAT_EQ(wt, 1.5f / float(k));  // equal s: rsf / k each
@@ -214,7 +215,7 @@ TEST(StageMoe, RouteLargeLogitUsesSoftplusThreshold) {
   x[0] = 1.f;
   check_route(f, 1, x, {0});
   const int32_t tok = 0;
-  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 1, x.data(), &tok, 1);
+  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 1, x.data(), &tok, 1, f.act);
   EXPECT_EQ(r.expert, (std::vector<int32_t>{0, 3, 6}));
   for (float wt : r.weight) EXPECT_TRUE(std::isfinite(wt));
   EXPECT_NEAR(r.weight[0], 1.5 * std::sqrt(200.0) / (std::sqrt(200.0) + std::sqrt(21.0) + std::sqrt(std::log1p(std::exp(19.5)))), 1e-6);
@@ -265,7 +266,7 @@ TEST(StageMoe, ExpertSwiGluWithClamp) {
       const TestExpert& te = which < 2 ? f.experts[size_t(which + 2)] : f.shared;
       const float* wts = which == 0 ? rw.data() : nullptr;
       std::vector<float> y(size_t(m * D)), ref;
-      dsv4::expert_forward(te.weights(), f.c, x.data(), m, wts, y.data());
+      dsv4::expert_forward(te.weights(), f.c, x.data(), m, wts, f.act.shared, y.data());
       for (int64_t r = 0; r < m; ++r) {
         std::vector<float> yr = ref_expert(te, f.c, x.data() + r * D, wts ? wts + r : nullptr, &stats);
         ref.insert(ref.end(), yr.begin(), yr.end());
@@ -329,8 +330,8 @@ TEST(StageMoe, ForwardSumsRoutedInIdOrderPlusShared) {
   for (int layer : {0, 1}) {
     SCOPED_TRACE(layer == 0 ? "hash layer" : "biased top-k layer");
     std::vector<float> out(size_t(n * D));
-    dsv4::moe_forward(f.w, f.c, layer, x.data(), tokens.data(), n, out.data());
-    const dsv4::Routing r = dsv4::moe_route(f.w, f.c, layer, x.data(), tokens.data(), n);
+    dsv4::moe_forward(f.w, f.c, layer, x.data(), tokens.data(), n, f.act, out.data());
+    const dsv4::Routing r = dsv4::moe_route(f.w, f.c, layer, x.data(), tokens.data(), n, f.act);
     for (int64_t t = 0; t < n; ++t) {
       std::vector<float> acc(static_cast<size_t>(D), 0.f), y(static_cast<size_t>(D));
       for (int64_t j = 0; j < k; ++j) {
@@ -338,10 +339,11 @@ TEST(StageMoe, ForwardSumsRoutedInIdOrderPlusShared) {
           ASSERT_LT(r.expert[size_t(t * k + j - 1)], r.expert[size_t(t * k + j)]);
         }
         const int32_t e = r.expert[size_t(t * k + j)];
-        dsv4::expert_forward(f.w.experts[size_t(e)], f.c, x.data() + t * D, 1, &r.weight[size_t(t * k + j)], y.data());
+        dsv4::expert_forward(f.w.experts[size_t(e)], f.c, x.data() + t * D, 1, &r.weight[size_t(t * k + j)],
+                             f.act.shared, y.data());
         for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += y[size_t(d)];
       }
-      dsv4::expert_forward(f.w.shared, f.c, x.data() + t * D, 1, nullptr, y.data());
+      dsv4::expert_forward(f.w.shared, f.c, x.data() + t * D, 1, nullptr, f.act.shared, y.data());
       for (int64_t d = 0; d < D; ++d) EXPECT_EQ(out[size_t(t * D + d)], bf(acc[size_t(d)] + y[size_t(d)])) << t << " " << d;
     }
   }
@@ -374,15 +376,16 @@ TEST(StageMoe, ForwardSumOrderIsAscendingExpertId) {
   f.w.tid2eid[0] = 2, f.w.tid2eid[1] = 1, f.w.tid2eid[2] = 0;
   const std::vector<float> x = rng.grid_vec(size_t(D), 8, 3);
   const int32_t tok = 0;
-  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 0, x.data(), &tok, 1);
+  const dsv4::Routing r = dsv4::moe_route(f.w, f.c, 0, x.data(), &tok, 1, f.act);
   ASSERT_EQ(r.expert, (std::vector<int32_t>{0, 1, 2}));
   ASSERT_EQ(r.weight[0], r.weight[1]);
   std::vector<std::vector<float>> y(4, std::vector<float>(static_cast<size_t>(D)));
   for (int j = 0; j < 3; ++j)
-    dsv4::expert_forward(f.w.experts[size_t(j)], f.c, x.data(), 1, &r.weight[size_t(j)], y[size_t(j)].data());
-  dsv4::expert_forward(f.w.shared, f.c, x.data(), 1, nullptr, y[3].data());
+    dsv4::expert_forward(f.w.experts[size_t(j)], f.c, x.data(), 1, &r.weight[size_t(j)], f.act.shared,
+                         y[size_t(j)].data());
+  dsv4::expert_forward(f.w.shared, f.c, x.data(), 1, nullptr, f.act.shared, y[3].data());
   std::vector<float> out(static_cast<size_t>(D));
-  dsv4::moe_forward(f.w, f.c, 0, x.data(), &tok, 1, out.data());
+  dsv4::moe_forward(f.w, f.c, 0, x.data(), &tok, 1, f.act, out.data());
   int order_matters = 0;
   for (int64_t d = 0; d < D; ++d) {
     const float y0 = y[0][size_t(d)], y1 = y[1][size_t(d)], y2 = y[2][size_t(d)], ys = y[3][size_t(d)];
@@ -404,7 +407,7 @@ TEST(StageMoe, ForwardMatchesReference) {
   for (int layer : {0, 1}) {
     SCOPED_TRACE(layer == 0 ? "hash layer" : "biased top-k layer");
     std::vector<float> out(size_t(n * D)), ref;
-    dsv4::moe_forward(f.w, f.c, layer, x.data(), tokens.data(), n, out.data());
+    dsv4::moe_forward(f.w, f.c, layer, x.data(), tokens.data(), n, f.act, out.data());
     std::vector<double> tol;
     for (int64_t t = 0; t < n; ++t) {
       const RefRoute rr = ref_route(f, layer, x.data() + t * D, tokens[size_t(t)]);

@@ -10,6 +10,7 @@
 
 #include "io/config.h"
 #include "kernels/rope.h"
+#include "model/model.h"
 #include "stage_util.h"
 
 namespace {
@@ -19,7 +20,7 @@ using dsv4::ModelConfig;
 
 TEST(StageRope, SwaFrequenciesArePlainPowers) {
   const ModelConfig c = rope_config(16);  // YaRN fields set, but SWA tables ignore them
-  dsv4::RopeTable t(c, /*compressed=*/false);
+  dsv4::RopeTable t(dsv4::rope_params(c, /*compressed=*/false));
   ASSERT_EQ(t.rd(), 16);
   ASSERT_EQ(t.freqs().size(), 8u);
   const std::vector<float> ref = ref_freqs(c, false);
@@ -42,7 +43,7 @@ TEST(StageRope, YarnFrequenciesFollowTheRamp) {
     const YarnRange y = yarn_range(c, c.compress_rope_theta);
     ASSERT_EQ(y.low, k.low);
     ASSERT_EQ(y.high, k.high);
-    dsv4::RopeTable t(c, /*compressed=*/true);
+    dsv4::RopeTable t(dsv4::rope_params(c, /*compressed=*/true));
     const std::vector<float> ref = ref_freqs(c, true);
     ASSERT_EQ(t.freqs().size(), ref.size());
     for (int p = 0; p < k.rd / 2; ++p) {
@@ -67,7 +68,7 @@ TEST(StageRope, YarnDegenerateRangeUsesHighPlusMilli) {
   const YarnRange y = yarn_range(c, c.compress_rope_theta);
   ASSERT_EQ(y.low, 5.0);
   ASSERT_DOUBLE_EQ(y.high, 5.001);
-  dsv4::RopeTable t(c, true);
+  dsv4::RopeTable t(dsv4::rope_params(c, true));
   for (int p = 0; p < 8; ++p) {
     const float f = 1.0f / powf(160000.f, float(2 * p) / 16.f);
     EXPECT_FALSE(std::isnan(t.freqs()[size_t(p)])) << "p " << p;
@@ -78,7 +79,7 @@ TEST(StageRope, YarnDegenerateRangeUsesHighPlusMilli) {
 TEST(StageRope, YarnOnlyWithOriginalMaxPosition) {
   ModelConfig c = rope_config(16);
   c.rope_original_max_position = 0;
-  dsv4::RopeTable t(c, true);
+  dsv4::RopeTable t(dsv4::rope_params(c, true));
   for (int p = 0; p < 8; ++p) EXPECT_EQ(t.freqs()[size_t(p)], 1.0f / powf(160000.f, float(2 * p) / 16.f)) << p;
 }
 
@@ -86,7 +87,7 @@ TEST(StageRope, CosSinAndRotationFollowTheFp32Formula) {
   Rng rng(71);
   for (bool compressed : {false, true}) {
     const ModelConfig c = rope_config(16);
-    dsv4::RopeTable t(c, compressed);
+    dsv4::RopeTable t(dsv4::rope_params(c, compressed));
     const std::vector<float> f = ref_freqs(c, compressed);
     for (int64_t pos : {0, 1, 7, 100, 4097, 8191, 65535, 1000003}) {
       SCOPED_TRACE("compressed " + std::to_string(compressed) + " pos " + std::to_string(pos));
@@ -110,7 +111,7 @@ TEST(StageRope, CosSinAndRotationFollowTheFp32Formula) {
 TEST(StageRope, InverseUndoesRotation) {
   Rng rng(81);
   const ModelConfig c = rope_config(16);
-  dsv4::RopeTable t(c, true);
+  dsv4::RopeTable t(dsv4::rope_params(c, true));
   for (int64_t pos : {0, 3, 777, 8191, 123456}) {
     std::vector<float> cs(16);
     t.cos_sin(pos, cs.data());

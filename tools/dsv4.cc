@@ -662,7 +662,6 @@ int cmd_gen_model(const Args& a) {
 
 // ---- info: a checkpoint against its config --------------------------------------
 
-const char* layer_kind(int ratio) { return ratio == 0 ? "SWA" : ratio == 4 ? "CSA" : ratio == 128 ? "HCA" : "compressed"; }
 
 int cmd_info(const Args& a) {
   check_allowed(a, {"model"});
@@ -698,7 +697,7 @@ int cmd_info(const Args& a) {
 
   std::printf("layers:\n");
   for (int L = 0; L < c.num_hidden_layers; ++L)
-    std::printf("  %3d  %s (compress ratio %d), %s\n", L, layer_kind(c.ratio(L)), c.ratio(L),
+    std::printf("  %3d  %s (compress ratio %d), %s\n", L, c.layer_kind(L).name(), c.ratio(L),
                 c.is_hash_layer(L) ? "hash-routed" : "score-routed");
 
   std::vector<std::string> problems;

@@ -349,7 +349,8 @@ void MpiExpertRunner::plan_exchange(const Routing& r, int64_t P, ExchangePlan& p
 // Step 4: the held experts on the received pairs (source rank order, then
 // pair order); returns their bf16 outputs, one row per pair.
 std::vector<uint8_t> MpiExpertRunner::run_received(const MoeWeights& w, const ModelConfig& c,
-                                                   const std::vector<uint8_t>& rbuf, int64_t n_recv) {
+                                                   const std::vector<uint8_t>& rbuf, int64_t n_recv,
+                                                   MoeActivations& act) {
   const int64_t D = c.hidden_size, pair_bytes = 8 + 2 * D;
   std::vector<float> xr(static_cast<size_t>(n_recv * D)), yr(static_cast<size_t>(n_recv * D));
   std::vector<float> wr(static_cast<size_t>(n_recv));
@@ -365,7 +366,7 @@ std::vector<uint8_t> MpiExpertRunner::run_received(const MoeWeights& w, const Mo
     rows[size_t(j)] = xr.data() + j * D;
   }
   unpack_rows(rbuf.data(), n_recv, D, size_t(pair_bytes), 8, xr.data());
-  if (n_recv > 0) run_experts_local(w, c, rows.data(), er.data(), wr.data(), n_recv, yr.data());
+  if (n_recv > 0) run_experts_local(w, c, rows.data(), er.data(), wr.data(), n_recv, act, yr.data());
   std::vector<uint8_t> obuf(static_cast<size_t>(n_recv * 2 * D));
   for (int64_t j = 0; j < n_recv * D; ++j) {
     const uint16_t h = exact_bf16(yr[size_t(j)]);
@@ -391,7 +392,7 @@ void MpiExpertRunner::record_step(const ExchangePlan& plan, int64_t D, double co
 }
 
 void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n,
-                                 const Routing& r, float* y) {
+                                 const Routing& r, MoeActivations& act, float* y) {
   const double t_start = now_s();
   double comm_s = 0;
   const int64_t D = c.hidden_size, k = c.num_experts_per_tok, P = n * k;
@@ -408,7 +409,7 @@ void MpiExpertRunner::run_routed(const MoeWeights& w, const ModelConfig& c, cons
   MPI_Alltoallv(sbuf.data(), plan.send_n.data(), plan.send_off.data(), comm_->pair_dt, rbuf.data(),
                 plan.recv_n.data(), plan.recv_off.data(), comm_->pair_dt, comm_->comm);
   comm_s += now_s() - t0;
-  const std::vector<uint8_t> obuf = run_received(w, c, rbuf, plan.n_recv);
+  const std::vector<uint8_t> obuf = run_received(w, c, rbuf, plan.n_recv, act);
   // Step 5: the outputs back in the order they came, then into y by pair.
   std::vector<uint8_t> bbuf(static_cast<size_t>(plan.n_send * 2 * D));
   t0 = now_s();

@@ -58,7 +58,7 @@ class MpiExpertRunner : public ExpertRunner {
   MpiExpertRunner& operator=(const MpiExpertRunner&) = delete;
 
   void run_routed(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t n, const Routing& r,
-                  float* y) override;
+                  MoeActivations& act, float* y) override;
   int64_t agree_rounds(int64_t local) override;
   // Forgets the per-step statistics (the step count that keeps the ranks in
   // lockstep goes on).
@@ -76,7 +76,7 @@ class MpiExpertRunner : public ExpertRunner {
  private:
   void plan_exchange(const Routing& r, int64_t pairs, ExchangePlan& plan, double& comm_s);
   std::vector<uint8_t> run_received(const MoeWeights& w, const ModelConfig& c, const std::vector<uint8_t>& rbuf,
-                                    int64_t n_recv);
+                                    int64_t n_recv, MoeActivations& act);
   void record_step(const ExchangePlan& plan, int64_t D, double comm_s, double t_start);
   struct Comm;
   std::unique_ptr<Comm> comm_;

@@ -37,12 +37,10 @@ namespace {
 // Multiply-adds to flops.
 constexpr double kFma = 2.0;
 
-bool has_indexer(int ratio) { return ratio == 4; }
-
-// wkv and wgate of a compressor over rows of width hd (two halves when the
-// windows overlap, ratio 4).
-double compressor_macs(const ModelConfig& c, int ratio, int64_t hd) {
-  const double coff = ratio == 4 ? 2 : 1;
+// wkv and wgate of a compressor over rows of width hd (coff halves: two when
+// the windows overlap, CSA).
+double compressor_macs(const ModelConfig& c, LayerKind kind, int64_t hd) {
+  const double coff = kind.compressor_overlap();
   return 2.0 * coff * double(hd) * double(c.hidden_size);
 }
 
@@ -52,13 +50,13 @@ FlopCounts per_token_fixed(const ModelConfig& c, int layer) {
                ol = c.o_lora_rank, G = c.o_groups, Hi = c.index_n_heads, di = c.index_head_dim,
                E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size,
                hc = c.hc_mult;
-  const int ratio = c.ratio(layer);
+  const LayerKind kind = c.layer_kind(layer);
   FlopCounts f;
   // wq_a, wq_b, wkv, then the grouped wo_a (G blocks of ol × H·d/G) and wo_b.
   f.projections = kFma * (D * ql + ql * H * d + D * d + ol * H * d + G * ol * D);
-  if (ratio != 0) f.compressors = kFma * compressor_macs(c, ratio, c.head_dim);
-  if (has_indexer(ratio)) {
-    f.compressors += kFma * compressor_macs(c, ratio, c.index_head_dim);
+  if (kind.has_compressor()) f.compressors = kFma * compressor_macs(c, kind, c.head_dim);
+  if (kind.has_indexer()) {
+    f.compressors += kFma * compressor_macs(c, kind, c.index_head_dim);
     f.indexer_proj = kFma * (ql * Hi * di + D * Hi);
   }
   f.gate = kFma * D * E;
@@ -74,14 +72,13 @@ FlopCounts per_token_fixed(const ModelConfig& c, int layer) {
 }  // namespace
 
 int64_t visible_compressed_rows(const ModelConfig& c, int layer, int64_t t) {
-  const int ratio = c.ratio(layer);
-  return ratio == 0 ? 0 : (t + 1) / ratio;
+  return c.layer_kind(layer).visible_rows(t);
 }
 
 int64_t attention_keys(const ModelConfig& c, int layer, int64_t t) {
   const int64_t window = std::min<int64_t>(c.sliding_window, t + 1);
   const int64_t vis = visible_compressed_rows(c, layer, t);
-  const int64_t comp = has_indexer(c.ratio(layer)) ? std::min<int64_t>(c.index_topk, vis) : vis;
+  const int64_t comp = c.layer_kind(layer).has_indexer() ? std::min<int64_t>(c.index_topk, vis) : vis;
   return window + comp;
 }
 
@@ -89,7 +86,7 @@ FlopCounts token_flops(const ModelConfig& c, int layer, int64_t t) {
   FlopCounts f = per_token_fixed(c, layer);
   const double H = c.num_attention_heads, d = c.head_dim;
   f.attention = kFma * 2.0 * double(attention_keys(c, layer, t)) * H * d;  // QK and PV
-  if (has_indexer(c.ratio(layer)))
+  if (c.layer_kind(layer).has_indexer())
     f.indexer_scores = kFma * double(visible_compressed_rows(c, layer, t)) * double(c.index_n_heads) *
                        double(c.index_head_dim);
   return f;
@@ -109,7 +106,7 @@ FlopCounts layer_flops(const ModelConfig& c, int layer, int64_t n_tokens) {
   f.hc *= n;
   // Exact per position; integer sums stay exact (far below 2^63).
   int64_t keys = 0, scored = 0;
-  const bool idx = has_indexer(c.ratio(layer));
+  const bool idx = c.layer_kind(layer).has_indexer();
   for (int64_t t = 0; t < n_tokens; ++t) {
     keys += attention_keys(c, layer, t);
     if (idx) scored += visible_compressed_rows(c, layer, t);

@@ -10,6 +10,7 @@
 #include "core/stage_timer.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
+#include "model/activations.h"
 #include "model/hc.h"
 #include "model/moe.h"
 
@@ -49,17 +50,16 @@ struct Segment {
   int64_t i0, p0, n, row0, tile;
 };
 
-// Rows per attention projection step (see layer_forward). Measured on the
-// Flash attention projections, one thread pair: M = 128 -> 512 gave
-// 560-610 -> 600-675 GFLOP/s, M = 2048 no more; 512 rows keep q and the
-// attention output at 64 MB each for Flash shapes.
+// Rows per attention projection step (see layer_forward): enough rows for
+// the projections to reuse each decoded weight panel well, while q and the
+// attention output stay at 64 MB each for Flash shapes.
 constexpr int64_t kAttentionGroupRows = 512;
 
 // One layer on every row of the round. X [rows][hc][D] is updated in place:
 // attention runs tile by tile in position order (each tile reads the caches
 // that the earlier ones wrote), then one MoE step over all rows.
 void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, const int32_t* tokens, int64_t rows,
-                   float* X, ExpertRunner* experts, LayerScratch& scratch) {
+                   float* X, ExpertRunner* experts, LayerActivations& scratch) {
   const ModelConfig& c = m.config;
   const LayerWeights& lw = m.weights.layers[size_t(layer)];
   const int64_t D = c.hidden_size;
@@ -82,10 +82,10 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
         hc_pre(Xg, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
         rms_norm_rows_bf16(y.data(), n, lw.attn_norm.data(), D, c.rms_norm_eps, y.data());
       }
-      attention_forward(lw.attn, c, lw.ratio, m.rope(layer), y.data(), s.p0 + g0, n, s.tile,
-                        s.st->layers[size_t(layer)], f.data());
+      attention_forward(lw.attn, c, lw.kind, m.rope(layer), y.data(), s.p0 + g0, n, s.tile,
+                        s.st->layers[size_t(layer)], scratch.attention, f.data());
       ScopedStage st(Stage::kHc);
-      hc_post(f.data(), Xg, n, hc, D, mix);
+      hc_post(f.data(), Xg, n, hc, D, mix, scratch.hc);
     }
   }
   {
@@ -93,9 +93,9 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
     hc_pre(X, rows, hc, D, lw.hc_ffn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
     rms_norm_rows_bf16(y.data(), rows, lw.ffn_norm.data(), D, c.rms_norm_eps, y.data());
   }
-  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, f.data(), experts, &scratch.moe);
+  moe_forward(lw.ffn, c, layer, y.data(), tokens, rows, scratch.moe, f.data(), experts);
   ScopedStage st(Stage::kHc);
-  hc_post(f.data(), X, rows, hc, D, mix);
+  hc_post(f.data(), X, rows, hc, D, mix, scratch.hc);
 }
 
 // hc_head → norm for `n` rows of X [.][hc][D] into hidden [n][D].
@@ -115,7 +115,7 @@ void RequestState::init(const Model& model, CachePool* pool) {
   layers.clear();
   layers.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    layers[size_t(l)].init(pool, c, model.weights.layers[size_t(l)].attn, c.ratio(l));
+    layers[size_t(l)].init(pool, c, model.weights.layers[size_t(l)].attn, c.layer_kind(l));
 }
 
 size_t RequestState::pages_missing(const Model& model, int64_t n) const {
@@ -311,13 +311,13 @@ std::vector<uint8_t> cache_contents(const Model& m, const RequestState& st) {
     const AttentionState& a = st.layers[l];
     append(a.window, std::min(N, a.window_rows));
     const AttentionWeights& w = m.weights.layers[l].attn;
-    if (a.ratio != 0) {
+    if (a.kind.has_compressor()) {
       append(a.comp.rows, a.comp.n_rows);
-      append(a.comp.ring, std::min<int64_t>(N, w.compressor.coff * w.compressor.ratio));
+      append(a.comp.ring, std::min(N, w.compressor.ring_slots()));
     }
-    if (a.ratio == 4) {
-      append(a.idx_comp.rows, a.idx_comp.n_rows);
-      append(a.idx_comp.ring, std::min<int64_t>(N, w.idx_compressor.coff * w.idx_compressor.ratio));
+    if (a.kind.has_indexer()) {
+      append(a.indexer.comp.rows, a.indexer.comp.n_rows);
+      append(a.indexer.comp.ring, std::min(N, w.indexer.compressor.ring_slots()));
     }
   }
   return out;

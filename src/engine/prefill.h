@@ -11,8 +11,9 @@
 
 #include <memory>
 
-#include "engine/cache_pool.h"
+#include "core/cache_pool.h"
 #include "engine/request.h"
+#include "model/activations.h"
 #include "model/attention.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -42,21 +43,14 @@ struct RequestState {
 PrefillResult extend(const Model& model, RequestState& state, const std::vector<int32_t>& tokens,
                      const PrefillOptions& opts);
 
-// The activation blocks of the layers, kept from layer to layer and call to
-// call: blocks this large (32 MB and more for 2048 Flash rows) would be
-// mapped, faulted in and zeroed afresh by every allocation. Each layer
-// writes what it reads.
-struct LayerScratch {
-  std::vector<float> y, f;
-  MoeScratch moe;
-};
-
 // What one extend_batch call works in: the residual stream X
-// [rows][hc][D] of a chunk round and the layers' blocks. The engine keeps
-// one per batch of sessions and passes it to every call.
+// [rows][hc][D] of a chunk round and the layers' blocks, kept from layer to
+// layer and call to call (blocks this large, 32 MB and more for 2048 Flash
+// rows, would be mapped, faulted in and zeroed afresh by every allocation).
+// The engine keeps one and passes it to every call.
 struct BatchActivations {
   std::vector<float> X;
-  LayerScratch layer;
+  LayerActivations layer;
 };
 
 // Several requests at once: request i appends tokens[i] to states[i]. A

@@ -75,12 +75,8 @@ double decimal(float f) {
   return std::strtod(buf, nullptr);
 }
 
-}  // namespace
-
-ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) throw Error(origin + ": config must be a JSON object");
-  Reader r{j, origin};
-  ModelConfig c;
+// The plain numeric fields.
+void read_dimensions(const Reader& r, ModelConfig& c) {
   c.hidden_size = r.integer("hidden_size", 1, kBig);
   c.num_hidden_layers = r.integer("num_hidden_layers", 1, 100000);
   c.num_attention_heads = r.integer("num_attention_heads", 1, 1 << 16);
@@ -100,7 +96,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   c.moe_intermediate_size = r.integer("moe_intermediate_size", 1, kBig);
   c.num_hash_layers = r.integer_or("num_hash_layers", 0, 0, 100000);
   c.routed_scaling_factor = r.number("routed_scaling_factor", 0, 1e6);
-  c.swiglu_limit = j.contains("swiglu_limit") ? r.number("swiglu_limit", 0, 1e30) : 0.f;
+  c.swiglu_limit = r.j.contains("swiglu_limit") ? r.number("swiglu_limit", 0, 1e30) : 0.f;
   c.hc_mult = r.integer("hc_mult", 1, 64);
   c.hc_sinkhorn_iters = r.integer("hc_sinkhorn_iters", 1, 10000);
   c.hc_eps = r.number("hc_eps", 0, 1);
@@ -112,13 +108,19 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   c.bos_token_id = r.integer_or("bos_token_id", 0, 0, kBig);
   c.eos_token_id = r.integer_or("eos_token_id", 1, 0, kBig);
   c.num_nextn_predict_layers = r.integer_or("num_nextn_predict_layers", 0, 0, 1000);
+}
 
+// scoring_func.
+void read_scoring(const Reader& r, const json& j, ModelConfig& c) {
   std::string scoring = r.string_in(j, "scoring_func", "scoring_func", "sqrtsoftplus");
   if (scoring == "sqrtsoftplus") c.scoring_func = ScoringFunc::kSqrtSoftplus;
   else if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
   else if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
   else r.fail("scoring_func", "must be sqrtsoftplus, softmax or sigmoid, got '" + scoring + "'");
+}
 
+// rope_scaling (YaRN), optional.
+void read_rope_scaling(const Reader& r, const json& j, ModelConfig& c) {
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& rs = j["rope_scaling"];
     if (!rs.is_object()) r.fail("rope_scaling", "must be an object");
@@ -131,7 +133,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
     c.rope_beta_fast = rs.contains("beta_fast") ? r.number_in(rs, "beta_fast", "rope_scaling.beta_fast", 1e-6, 1e9) : 32.f;
     c.rope_beta_slow = rs.contains("beta_slow") ? r.number_in(rs, "beta_slow", "rope_scaling.beta_slow", 1e-6, 1e9) : 1.f;
   }
+}
 
+// compress_ratios: one entry per layer (+ MTP).
+void read_compress_ratios(const Reader& r, const json& j, ModelConfig& c) {
   const json& cr = r.get(j, "compress_ratios", "compress_ratios");
   if (!cr.is_array()) r.fail("compress_ratios", "must be an array");
   size_t want = size_t(c.num_hidden_layers) + size_t(c.num_nextn_predict_layers);
@@ -148,7 +153,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
                                                              "], got " + cr[i].dump());
     c.compress_ratios.push_back(int(v));
   }
+}
 
+// quantization_config, optional.
+void read_quantization(const Reader& r, const json& j, ModelConfig& c) {
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
     const json& q = j["quantization_config"];
     if (!q.is_object()) r.fail("quantization_config", "must be an object");
@@ -161,8 +169,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
     }
     c.scale_pow2 = r.string_in(q, "scale_fmt", "quantization_config.scale_fmt", "ue8m0") == "ue8m0";
   }
+}
 
-  // Structural checks: what the forward relies on.
+// What the forward relies on, across fields.
+void check_structure(const Reader& r, const ModelConfig& c) {
   auto need = [&](bool ok, const std::string& field, const std::string& what) { if (!ok) r.fail(field, what); };
   need(c.qk_rope_head_dim % 2 == 0 && c.qk_rope_head_dim <= c.head_dim, "qk_rope_head_dim",
        "must be even and <= head_dim (" + std::to_string(c.head_dim) + ")");
@@ -182,6 +192,20 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   need(c.num_hash_layers <= c.num_hidden_layers, "num_hash_layers", "must be <= num_hidden_layers");
   need(c.bos_token_id < c.vocab_size, "bos_token_id", "must be < vocab_size");
   need(c.eos_token_id < c.vocab_size, "eos_token_id", "must be < vocab_size");
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) throw Error(origin + ": config must be a JSON object");
+  Reader r{j, origin};
+  ModelConfig c;
+  read_dimensions(r, c);
+  read_scoring(r, j, c);
+  read_rope_scaling(r, j, c);
+  read_compress_ratios(r, j, c);
+  read_quantization(r, j, c);
+  check_structure(r, c);
   return c;
 }
 

@@ -2,6 +2,8 @@
 // official field names (MODEL.md §1). Nothing about a particular model size is
 // assumed anywhere else: every dimension comes from here.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,47 @@
 namespace dsv4 {
 
 enum class ScoringFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
+
+// The attention of a layer (MODEL.md §1, §6–8), decided by its compress ratio.
+enum class AttentionKind {
+  kSlidingWindow,      // SWA, ratio 0: the raw window only
+  kCompressedSparse,   // CSA: overlapping compressor windows + the lightning indexer's top-k
+  kHeavilyCompressed,  // HCA: every visible compressed row
+};
+
+// What a layer's attention holds and does, asked by name instead of by
+// comparing ratios.
+struct LayerKind {
+  // The ratio that MODEL.md §1 makes a CSA layer: the only one with the
+  // indexer (§8) and with overlapping compressor windows (§7, coff = 2).
+  static constexpr int kCsaRatio = 4;
+
+  int ratio = 0;  // compress ratio r: one compressed row per r source tokens (0: none)
+
+  AttentionKind kind() const {
+    return ratio == 0 ? AttentionKind::kSlidingWindow
+           : ratio == kCsaRatio ? AttentionKind::kCompressedSparse
+                                : AttentionKind::kHeavilyCompressed;
+  }
+  bool has_compressor() const { return ratio != 0; }
+  bool has_indexer() const { return kind() == AttentionKind::kCompressedSparse; }
+  // coff of §7: how many consecutive blocks one compressed row pools (the
+  // overlapping CSA windows take the previous block too). Both compressors
+  // of a layer share it.
+  int compressor_overlap() const { return has_indexer() ? 2 : 1; }
+  // Compressed rows visible to the query at position t (§7: row c iff
+  // c < (t+1) div r).
+  int64_t visible_rows(int64_t t) const { return has_compressor() ? (t + 1) / ratio : 0; }
+  // "SWA", "CSA" or "HCA".
+  const char* name() const {
+    switch (kind()) {
+      case AttentionKind::kSlidingWindow: return "SWA";
+      case AttentionKind::kCompressedSparse: return "CSA";
+      case AttentionKind::kHeavilyCompressed: return "HCA";
+    }
+    return "?";
+  }
+};
 
 struct ModelConfig {
   int hidden_size = 0;            // D
@@ -57,6 +100,7 @@ struct ModelConfig {
   // Derived.
   int nope_dim() const { return head_dim - qk_rope_head_dim; }
   int ratio(int layer) const { return compress_ratios[layer]; }
+  LayerKind layer_kind(int layer) const { return LayerKind{compress_ratios[size_t(layer)]}; }
   bool is_hash_layer(int layer) const { return layer < num_hash_layers; }
 
   // Parses and validates; throws dsv4::Error naming `origin` and the field.

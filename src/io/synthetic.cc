@@ -280,14 +280,70 @@ struct Plan {
 
 float inv_sqrt(int64_t n) { return float(1.0 / std::sqrt(double(n))); }
 
+// Layer L's attention tensors under prefix `a`.
+void plan_attention(Plan& p, const ModelConfig& c, int L, const std::string& a) {
+  const int64_t D = c.hidden_size, B = c.weight_block_size;
+  const int64_t H = c.num_attention_heads, d = c.head_dim, G = c.o_groups;
+  const DType BF16 = DType::kBF16, F32 = DType::kF32;
+  p.fp8(a + "wq_a", c.q_lora_rank, D, inv_sqrt(D), int(B));
+  p.around_one(a + "q_norm.weight", BF16, {c.q_lora_rank});
+  p.fp8(a + "wq_b", H * d, c.q_lora_rank, inv_sqrt(c.q_lora_rank), int(B));
+  p.fp8(a + "wkv", d, D, inv_sqrt(D), int(B));
+  p.around_one(a + "kv_norm.weight", BF16, {d});
+  p.fp8(a + "wo_a", G * c.o_lora_rank, H * d / G, inv_sqrt(H * d / G), int(B));
+  p.fp8(a + "wo_b", D, G * c.o_lora_rank, 0.1f * inv_sqrt(G * c.o_lora_rank), int(B));
+  p.normal(a + "attn_sink", F32, {H}, 1.f);
+  const LayerKind kind = c.layer_kind(L);
+  auto compressor = [&](const std::string& cp, int64_t hd) {
+    const int64_t width = kind.compressor_overlap() * hd;
+    p.normal(cp + ".wkv.weight", BF16, {width, D}, inv_sqrt(D));
+    p.normal(cp + ".wgate.weight", BF16, {width, D}, inv_sqrt(D));
+    p.normal(cp + ".ape", F32, {kind.ratio, width}, 0.1f);
+    p.around_one(cp + ".norm.weight", BF16, {hd});
+  };
+  if (kind.has_compressor()) compressor(a + "compressor", d);
+  if (kind.has_indexer()) {
+    const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
+    p.fp8(a + "indexer.wq_b", Hi * di, c.q_lora_rank, inv_sqrt(c.q_lora_rank), int(B));
+    p.normal(a + "indexer.weights_proj.weight", BF16, {Hi, D}, inv_sqrt(D));
+    compressor(a + "indexer.compressor", di);
+  }
+}
+
+// Layer L's MoE tensors under prefix `f`.
+void plan_ffn(Plan& p, const ModelConfig& c, int L, const std::string& f) {
+  const int64_t D = c.hidden_size, V = c.vocab_size, B = c.weight_block_size, I = c.moe_intermediate_size;
+  const DType BF16 = DType::kBF16, F32 = DType::kF32;
+  const int64_t E = c.n_routed_experts;
+  p.normal(f + "gate.weight", BF16, {E, D}, inv_sqrt(D));
+  if (c.is_hash_layer(L)) {
+    Source s;
+    s.kind = Source::Kind::kTid2eid;
+    s.rows = V;
+    s.cols = c.num_experts_per_tok;
+    s.n_experts = int(E);
+    p.add(f + "gate.tid2eid", DType::kI64, {V, s.cols}, s);
+  } else {
+    p.normal(f + "gate.bias", F32, {E}, 0.1f);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = f + "experts." + std::to_string(e) + ".";
+    p.fp4(x + "w1", I, D, inv_sqrt(D));
+    p.fp4(x + "w3", I, D, inv_sqrt(D));
+    p.fp4(x + "w2", D, I, 0.1f * inv_sqrt(I));
+  }
+  p.fp8(f + "shared_experts.w1", I, D, inv_sqrt(D), int(B));
+  p.fp8(f + "shared_experts.w3", I, D, inv_sqrt(D), int(B));
+  p.fp8(f + "shared_experts.w2", D, I, 0.1f * inv_sqrt(I), int(B));
+}
+
 // Every tensor load_weights (model/weights.cc) reads, with the official
 // dtypes and the value scales of shared/golden/tiny-a/README.md: linear
 // weights std fan_in^-1/2 (wo_b and the w2s 0.1·fan_in^-1/2), embeddings
 // N(0,1), head D^-1/2, norms 1 ± 0.1, hc_*_fn 0.02, attn_sink N(0,1).
 Plan plan_model(const ModelConfig& c) {
   Plan p;
-  const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, B = c.weight_block_size;
-  const int64_t H = c.num_attention_heads, d = c.head_dim, G = c.o_groups, I = c.moe_intermediate_size;
+  const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult;
   const int64_t mix = (2 + hc) * hc;
   const DType BF16 = DType::kBF16, F32 = DType::kF32;
 
@@ -303,53 +359,8 @@ Plan plan_model(const ModelConfig& c) {
     p.around_one(l + "attn_norm.weight", BF16, {D});
     p.around_one(l + "ffn_norm.weight", BF16, {D});
 
-    const std::string a = l + "attn.";
-    p.fp8(a + "wq_a", c.q_lora_rank, D, inv_sqrt(D), int(B));
-    p.around_one(a + "q_norm.weight", BF16, {c.q_lora_rank});
-    p.fp8(a + "wq_b", H * d, c.q_lora_rank, inv_sqrt(c.q_lora_rank), int(B));
-    p.fp8(a + "wkv", d, D, inv_sqrt(D), int(B));
-    p.around_one(a + "kv_norm.weight", BF16, {d});
-    p.fp8(a + "wo_a", G * c.o_lora_rank, H * d / G, inv_sqrt(H * d / G), int(B));
-    p.fp8(a + "wo_b", D, G * c.o_lora_rank, 0.1f * inv_sqrt(G * c.o_lora_rank), int(B));
-    p.normal(a + "attn_sink", F32, {H}, 1.f);
-    auto compressor = [&](const std::string& cp, int ratio, int64_t hd) {
-      const int64_t width = (ratio == 4 ? 2 : 1) * hd;
-      p.normal(cp + ".wkv.weight", BF16, {width, D}, inv_sqrt(D));
-      p.normal(cp + ".wgate.weight", BF16, {width, D}, inv_sqrt(D));
-      p.normal(cp + ".ape", F32, {ratio, width}, 0.1f);
-      p.around_one(cp + ".norm.weight", BF16, {hd});
-    };
-    const int ratio = c.ratio(L);
-    if (ratio != 0) compressor(a + "compressor", ratio, d);
-    if (ratio == 4) {
-      const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
-      p.fp8(a + "indexer.wq_b", Hi * di, c.q_lora_rank, inv_sqrt(c.q_lora_rank), int(B));
-      p.normal(a + "indexer.weights_proj.weight", BF16, {Hi, D}, inv_sqrt(D));
-      compressor(a + "indexer.compressor", 4, di);
-    }
-
-    const std::string f = l + "ffn.";
-    const int64_t E = c.n_routed_experts;
-    p.normal(f + "gate.weight", BF16, {E, D}, inv_sqrt(D));
-    if (c.is_hash_layer(L)) {
-      Source s;
-      s.kind = Source::Kind::kTid2eid;
-      s.rows = V;
-      s.cols = c.num_experts_per_tok;
-      s.n_experts = int(E);
-      p.add(f + "gate.tid2eid", DType::kI64, {V, s.cols}, s);
-    } else {
-      p.normal(f + "gate.bias", F32, {E}, 0.1f);
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = f + "experts." + std::to_string(e) + ".";
-      p.fp4(x + "w1", I, D, inv_sqrt(D));
-      p.fp4(x + "w3", I, D, inv_sqrt(D));
-      p.fp4(x + "w2", D, I, 0.1f * inv_sqrt(I));
-    }
-    p.fp8(f + "shared_experts.w1", I, D, inv_sqrt(D), int(B));
-    p.fp8(f + "shared_experts.w3", I, D, inv_sqrt(D), int(B));
-    p.fp8(f + "shared_experts.w2", D, I, 0.1f * inv_sqrt(I), int(B));
+    plan_attention(p, c, L, l + "attn.");
+    plan_ffn(p, c, L, l + "ffn.");
     // Within a layer, name order (as in the official shards).
     std::sort(p.specs.begin() + std::ptrdiff_t(first), p.specs.end(),
               [](const TensorSpec& x, const TensorSpec& y) { return x.name < y.name; });

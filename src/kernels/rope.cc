@@ -4,28 +4,27 @@
 #include <cmath>
 
 #include "core/formats.h"
-#include "io/config.h"
 
 namespace dsv4 {
 
-RopeTable::RopeTable(const ModelConfig& c, bool compressed) : rd_(c.qk_rope_head_dim) {
-  const float base = compressed ? c.compress_rope_theta : c.rope_theta;
+RopeTable::RopeTable(const RopeParams& rp) : rd_(rp.rotary_dim) {
+  const float base = rp.theta;
   const int half = rd_ / 2;
   freq_.resize(static_cast<size_t>(half));
   for (int p = 0; p < half; ++p) freq_[p] = 1.0f / std::pow(base, float(2 * p) / float(rd_));
-  if (compressed && c.rope_original_max_position > 0) {
+  if (rp.yarn_original_max_position > 0) {
     // YaRN correction range, in double like the reference's math module.
     auto cd = [&](double n) {
-      return rd_ * std::log(double(c.rope_original_max_position) / (n * 2 * M_PI)) / (2 * std::log(double(base)));
+      return rd_ * std::log(double(rp.yarn_original_max_position) / (n * 2 * M_PI)) / (2 * std::log(double(base)));
     };
-    double low = std::max(std::floor(cd(c.rope_beta_fast)), 0.0);
-    double high = std::min(std::ceil(cd(c.rope_beta_slow)), double(rd_ - 1));
+    double low = std::max(std::floor(cd(rp.yarn_beta_fast)), 0.0);
+    double high = std::min(std::ceil(cd(rp.yarn_beta_slow)), double(rd_ - 1));
     if (high == low) high += 0.001;
     for (int p = 0; p < half; ++p) {
       float ramp = (float(p) - float(low)) / (float(high) - float(low));
       ramp = std::clamp(ramp, 0.0f, 1.0f);
       float smooth = 1.0f - ramp;
-      freq_[p] = freq_[p] / c.rope_factor * (1.0f - smooth) + freq_[p] * smooth;
+      freq_[p] = freq_[p] / rp.yarn_factor * (1.0f - smooth) + freq_[p] * smooth;
     }
   }
 }

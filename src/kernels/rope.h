@@ -1,19 +1,28 @@
 // Rotary position embedding on the last rd dims of a vector, interleaved
-// pairs, all in fp32 exactly as MODEL.md §5 writes it (YaRN on compressed
-// layers).
+// pairs, all in fp32 exactly as MODEL.md §5 writes it. The table is built
+// from explicit parameters; model/model.h rope_params reads them from the
+// config.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace dsv4 {
 
-struct ModelConfig;
+// What a table's frequencies depend on (MODEL.md §5).
+struct RopeParams {
+  int rotary_dim = 0;  // rd: the rotated dims at the end of a vector (even)
+  float theta = 0.f;   // base: f_p = theta^(−2p/rd) before YaRN
+  // YaRN, applied when yarn_original_max_position > 0.
+  float yarn_factor = 1.f;
+  int yarn_original_max_position = 0;
+  float yarn_beta_fast = 32.f;
+  float yarn_beta_slow = 1.f;
+};
 
 class RopeTable {
  public:
   RopeTable() = default;
-  // compressed = a layer with compress_ratio != 0 (compress_rope_theta + YaRN).
-  RopeTable(const ModelConfig& c, bool compressed);
+  explicit RopeTable(const RopeParams& p);
   int rd() const { return rd_; }
   const std::vector<float>& freqs() const { return freq_; }
   // cs[2p] = cos(pos·f_p), cs[2p+1] = sin(pos·f_p), p < rd/2.

@@ -1,246 +1,230 @@
 #include "model/attention.h"
 
 #include <algorithm>
-#include <optional>
-#include <cmath>
-#include <numeric>
 
 #include "core/formats.h"
 #include "core/scratch.h"
+#include "core/stage_timer.h"
 #include "core/thread_pool.h"
-#include "kernels/gemm.h"
-#include "kernels/hadamard.h"
-#include "kernels/indexer_score.h"
 #include "kernels/norm.h"
 #include "kernels/sparse_attention.h"
-#include "kernels/topk.h"
-#include "core/stage_timer.h"
 
 namespace dsv4 {
 
-void AttentionState::init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, int r) {
-  ratio = r;
+void AttentionState::init(CachePool* pool, const ModelConfig& c, const AttentionWeights& w, LayerKind k) {
+  kind = k;
   window_rows = c.sliding_window;
   window = PagedRows(pool, size_t(c.head_dim) * sizeof(uint16_t));
-  if (ratio != 0) comp.init(pool, w.compressor);
-  if (ratio == 4) idx_comp.init(pool, w.idx_compressor);
+  if (kind.has_compressor()) comp.init(pool, w.compressor);
+  if (kind.has_indexer()) indexer.init(pool, w.indexer);
 }
 
 size_t AttentionState::pages_missing(const AttentionWeights& w, int64_t n_tokens) const {
   size_t p = window.pages_missing(std::min(n_tokens, window_rows));
-  if (ratio != 0) p += comp.pages_missing(w.compressor, n_tokens);
-  if (ratio == 4) p += idx_comp.pages_missing(w.idx_compressor, n_tokens);
+  if (kind.has_compressor()) p += comp.pages_missing(w.compressor, n_tokens);
+  if (kind.has_indexer()) p += indexer.pages_missing(w.indexer, n_tokens);
   return p;
 }
 
 void AttentionState::reserve(const AttentionWeights& w, int64_t n_tokens) {
   window.reserve(std::min(n_tokens, window_rows));
-  if (ratio != 0) comp.reserve(w.compressor, n_tokens);
-  if (ratio == 4) idx_comp.reserve(w.idx_compressor, n_tokens);
+  if (kind.has_compressor()) comp.reserve(w.compressor, n_tokens);
+  if (kind.has_indexer()) indexer.reserve(w.indexer, n_tokens);
 }
 
 size_t AttentionState::bytes_held() const {
-  return window.bytes_held() + comp.bytes_held() + idx_comp.bytes_held();
+  return window.bytes_held() + comp.bytes_held() + indexer.bytes_held();
 }
 
-void IndexerRows::pack(const float* r, int64_t count, int d) {
-  rows = r;
-  n = count;
-  di = d;
-  const int64_t panels = (n + kGemmNR - 1) / kGemmNR, size = int64_t(di + 1) / 2 * kGemmNR;
-  if (pairs.size() < size_t(panels * size)) pairs.resize(size_t(panels * size));
-  min_exponent.assign(size_t(panels), 255);
-  exact.assign(size_t(panels), 0);
-  // Without the BF16 kernel the loader takes no panel: the products then
-  // load fp32 panels.
-  const PairLoader load = dense_rows_pair_loader(rows, di, n, di);
-  parallel_for_each(panels, [&](int64_t p) {
-    exact[size_t(p)] = load(p * kGemmNR, pairs.data() + p * size, &min_exponent[size_t(p)]);
+namespace {
+
+// The fixed inputs of one attention_forward call, shared by its steps.
+struct Layer {
+  const AttentionWeights& w;
+  const ModelConfig& c;
+  LayerKind kind;
+  const RopeTable& rope;
+  int64_t H, d, rd, nd;  // heads, head dim, rope dims, nope dims
+  Layer(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope)
+      : w(w), c(c), kind(kind), rope(rope), H(c.num_attention_heads), d(c.head_dim), rd(c.qk_rope_head_dim),
+        nd(c.head_dim - c.qk_rope_head_dim) {}
+  LinearOpts quant() const { return quant_linear_opts(c.weight_block_size, c.scale_pow2); }
+};
+
+// A tile's keys as bf16 pair rows (kernels/sparse_attention.h), each with
+// its smallest exponent: the window rows of positions [lo, p0 + n), then the
+// compressed rows visible to the tile's last query.
+struct TileKeys {
+  int64_t lo = 0;
+  const uint32_t* window = nullptr;
+  const int* window_exp = nullptr;
+  const uint32_t* compressed = nullptr;
+  const int* compressed_exp = nullptr;
+};
+
+// §6.1–6.2: the normalised q latent qr [n][q_lora_rank] and the query heads
+// q [n][H][d] (head norm, then RoPE with the rows' tables cs [n][rd]).
+void project_q(const Layer& L, const float* x, const float* cs, int64_t n, float* qr, float* q) {
+  const int64_t ql = L.c.q_lora_rank;
+  linear(L.w.wq_a, x, n, qr, L.quant());
+  rms_norm_rows_bf16(qr, n, L.w.q_norm.data(), ql, L.c.rms_norm_eps, qr);
+  linear(L.w.wq_b, qr, n, q, L.quant());
+  parallel_for_each(n * L.H, [&](int64_t ih) {
+    float* qh = q + ih * L.d;
+    q_head_norm_bf16(qh, L.d, L.c.rms_norm_eps);
+    L.rope.rotate(qh + L.nd, cs + (ih / L.H) * L.rd);
   });
 }
 
-const uint32_t* IndexerRows::panel(int64_t n0, int* min_exp) const {
-  const int64_t p = n0 / kGemmNR;
-  if (!exact[size_t(p)]) return nullptr;
-  *min_exp = min_exponent[size_t(p)];
-  return pairs.data() + p * (int64_t(di + 1) / 2 * kGemmNR);
-}
-
-void indexer_select(const float* qi, const float* wts, const IndexerRows& rows, int64_t n_visible, int Hi, int topk,
-                    std::vector<int32_t>* chosen) {
-  if (n_visible <= topk) {  // every row is chosen, whatever the scores
-    chosen->resize(size_t(n_visible));
-    std::iota(chosen->begin(), chosen->end(), 0);
-    return;
-  }
-  // d[h][r] = bf16(qi[h] · row r) for all heads at once: one gemm per query
-  // (one FMA chain per dot, ascending i), then the §8.3 sum in ascending h.
-  // The panels hold rows past n_visible too: their columns are not written,
-  // and an output's chain does not depend on the other columns.
-  const int di = rows.di;
-  thread_local std::vector<float> dots_buf, score_buf;
-  float* const dots = scratch(dots_buf, size_t(int64_t(Hi) * n_visible));
-  float* const score = scratch(score_buf, size_t(n_visible));
-  const PairSource packed = [&](int64_t n0, int* min_exponent) { return rows.panel(n0, min_exponent); };
-  gemm(qi, di, Hi, di, n_visible, dense_rows_loader(rows.rows, di, n_visible, di), GemmOut{dots, n_visible, true},
-       /*parallel=*/false, nullptr, &packed);
-  indexer_scores(dots, n_visible, Hi, wts, n_visible, score);
-  topk_set(score, n_visible, topk, chosen);
-}
-
-void attention_forward(const AttentionWeights& w, const ModelConfig& c, int ratio, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st, float* out) {
-  const int64_t H = c.num_attention_heads, d = c.head_dim, rd = c.qk_rope_head_dim, nd = d - rd;
-  const int64_t ql = c.q_lora_rank, G = c.o_groups, ol = c.o_lora_rank;
-  const LinearOpts qopts = quant_linear_opts(c.weight_block_size, c.scale_pow2);
-  if (tile <= 0 || tile > n) tile = n;
-
-  // Per-token rotation tables for the rows.
-  std::vector<float> cs(size_t(n * rd));
-  for (int64_t i = 0; i < n; ++i) rope.cos_sin(p0 + i, cs.data() + i * rd);
-
-  // The projections read only x, never the caches, so they run over all n
-  // rows at once: each FP8 weight panel is decoded once for all of them, not
-  // once per tile (with 128-row tiles the decoding was ~4% of a Flash
-  // prefill). Every output row is the same FMA chain whatever M is.
-  // §6.1–6.2: q.
-  std::optional<ScopedStage> stage(std::in_place, Stage::kProjections);
-  // The rows' activations (16 MB for q alone per 128 Flash rows) in
-  // buffers kept from call to call (core/scratch.h).
-  thread_local std::vector<float> qr_buf, q_buf, kv_buf, qi_buf, wts_buf, idx_buf, o_buf, u_buf;
-  thread_local std::vector<uint32_t> win_buf, comp_buf;
-  float* const qr = scratch(qr_buf, size_t(n * ql));
-  float* const q = scratch(q_buf, size_t(n * H * d));
-  linear(w.wq_a, x, n, qr, qopts);
-  rms_norm_rows_bf16(qr, n, w.q_norm.data(), ql, c.rms_norm_eps, qr);
-  linear(w.wq_b, qr, n, q, qopts);
-  parallel_for_each(n * H, [&](int64_t ih) {
-    float* qh = q + ih * d;
-    q_head_norm_bf16(qh, d, c.rms_norm_eps);
-    rope.rotate(qh + nd, cs.data() + (ih / H) * rd);
-  });
-  // §6.3: the raw kv rows.
-  float* const kv = scratch(kv_buf, size_t(n * d));
-  linear(w.wkv, x, n, kv, qopts);
+// §6.3: the raw kv rows [n][d]: norm, RoPE, FP8 on the nope part.
+void project_kv(const Layer& L, const float* x, const float* cs, int64_t n, float* kv) {
+  linear(L.w.wkv, x, n, kv, L.quant());
   parallel_for_each(n, [&](int64_t i) {
-    float* r = kv + i * d;
-    rms_norm_bf16(r, w.kv_norm.data(), d, c.rms_norm_eps, r);
-    rope.rotate(r + nd, cs.data() + i * rd);
-    q8_inplace(r, size_t(nd), 64, c.scale_pow2);
+    float* r = kv + i * L.d;
+    rms_norm_bf16(r, L.w.kv_norm.data(), L.d, L.c.rms_norm_eps, r);
+    L.rope.rotate(r + L.nd, cs + i * L.rd);
+    q8_inplace(r, size_t(L.nd), 64, L.c.scale_pow2);
   });
-  // §8: indexer queries and weights.
-  const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
-  float *qi = nullptr, *wts = nullptr;
-  if (ratio == 4) {
-    stage.emplace(Stage::kIndexer);
-    qi = scratch(qi_buf, size_t(n * Hi * di));
-    linear(w.idx_wq_b, qr, n, qi, qopts);
-    parallel_for_each(n * Hi, [&](int64_t ih) {
-      float* qh = qi + ih * di;
-      rope.rotate(qh + di - rd, cs.data() + (ih / Hi) * rd);
-      hadamard_bf16(qh, di);
-      q4_inplace(qh, size_t(di), 32);
-    });
-    wts = scratch(wts_buf, size_t(n * Hi));
-    linear(w.idx_weights_proj, x, n, wts, LinearOpts{});
-    const float k = bf16r(float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
-    for (int64_t j = 0; j < n * Hi; ++j) wts[j] = bf16r(wts[j] * k);
+}
+
+// The window keys of the tile at [p0, p0 + n) with kv rows [n][d]: the older
+// rows read from the ring first, then the tile's own; only then does the
+// tile overwrite the ring, so the ring needs just sliding_window slots.
+void window_keys(const Layer& L, const float* kv, int64_t p0, int64_t n, AttentionState& st, AttentionActivations& b,
+                 TileKeys* keys) {
+  ScopedStage stage(Stage::kAttention);
+  const int64_t W = st.window_rows, d = L.d, dp = key_pair_count(d);
+  const int64_t lo = std::max<int64_t>(0, p0 - W + 1), n_old = p0 - lo;
+  uint32_t* const win = scratch(b.window_keys, size_t((n_old + n) * dp));
+  int* const exp = scratch(b.window_exp, size_t(n_old + n));
+  parallel_for_each(n_old + n, [&](int64_t j) {
+    exp[j] = j < n_old ? pack_key_row(st.window.row_bf16((lo + j) % W), d, win + j * dp)
+                       : pack_key_row(kv + (j - n_old) * d, d, win + j * dp);
+  });
+  for (int64_t i = std::max<int64_t>(0, n - W); i < n; ++i) {
+    uint16_t* dst = st.window.row_bf16((p0 + i) % W);
+    for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[size_t(i * d + k)]);
   }
+  keys->lo = lo;
+  keys->window = win;
+  keys->window_exp = exp;
+}
 
-  // Tile by tile in position order: each tile reads the cache rows that the
-  // earlier ones wrote.
-  const int64_t W = st.window_rows, dp = key_pair_count(d);
-  float* const o = scratch(o_buf, size_t(n * H * d));
-  for (int64_t t0 = 0; t0 < n; t0 += tile) {
-    const int64_t nt = std::min(tile, n - t0), pt = p0 + t0;
-    // The window keys of this tile are the older rows read from the ring
-    // first, then the tile's own rows; only then does the tile overwrite
-    // the ring, so the ring needs just sliding_window slots. Keys are kept
-    // as bf16 pair rows (kernels/sparse_attention.h), with the smallest
-    // exponent of each row.
-    stage.emplace(Stage::kAttention);
-    const int64_t lo = std::max<int64_t>(0, pt - W + 1), n_old = pt - lo;
-    uint32_t* const win = scratch(win_buf, size_t((n_old + nt) * dp));
-    std::vector<int> win_exp(size_t(n_old + nt));
-    parallel_for_each(n_old + nt, [&](int64_t j) {
-      win_exp[size_t(j)] = j < n_old ? pack_key_row(st.window.row_bf16((lo + j) % W), d, win + j * dp)
-                                     : pack_key_row(kv + (t0 + j - n_old) * d, d, win + j * dp);
-    });
-    for (int64_t i = std::max<int64_t>(0, nt - W); i < nt; ++i) {
-      uint16_t* dst = st.window.row_bf16((pt + i) % W);
-      for (int64_t k = 0; k < d; ++k) dst[k] = f32_to_bf16(kv[size_t((t0 + i) * d + k)]);
+// §7: the compressed rows (and the indexer's) completed inside the tile of
+// sublayer inputs x [n][D] at [p0, p0 + n).
+void update_compressed_rows(const Layer& L, const float* x, int64_t p0, int64_t n, AttentionState& st,
+                            CompressorActivations& act) {
+  ScopedStage stage(Stage::kCompressors);
+  if (L.kind.has_compressor()) compressor_forward(L.w.compressor, L.c, L.rope, x, p0, n, st.comp, act);
+  if (L.kind.has_indexer())
+    compressor_forward(L.w.indexer.compressor, L.c, L.rope, x, p0, n, st.indexer.comp, act);
+}
+
+// The compressed rows visible to the last query of the tile ending at
+// position `last`, as key pair rows.
+void compressed_keys(const Layer& L, const AttentionState& st, int64_t last, AttentionActivations& b, TileKeys* keys) {
+  if (!L.kind.has_compressor()) return;
+  ScopedStage stage(Stage::kAttention);
+  const int64_t vis = L.kind.visible_rows(last), dp = key_pair_count(L.d);
+  uint32_t* const comp = scratch(b.compressed_keys, size_t(vis * dp));
+  int* const exp = scratch(b.compressed_exp, size_t(vis));
+  parallel_for_each(vis, [&](int64_t r) { exp[r] = pack_key_row(st.comp.rows.row_bf16(r), L.d, comp + r * dp); });
+  keys->compressed = comp;
+  keys->compressed_exp = exp;
+}
+
+// §6.4–6.6: each query of the tile at [p0, p0 + n) (heads q [n][H][d]) over
+// its window rows and its compressed rows (on CSA those in chosen[i], on HCA
+// every visible one); the output o [n][H][d] rotated back by −pos.
+void sparse_attention(const Layer& L, const float* q, const float* cs, int64_t p0, int64_t n, const TileKeys& k,
+                      const std::vector<std::vector<int32_t>>& chosen, int64_t window_rows, float* o) {
+  ScopedStage stage(Stage::kAttention);
+  const int64_t H = L.H, d = L.d, dp = key_pair_count(d), W = window_rows;
+  parallel_for_each(n, [&](int64_t i) {
+    const int64_t t = p0 + i;
+    std::vector<const uint32_t*> keys;
+    int key_exp = 255;
+    for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) {
+      keys.push_back(k.window + (j - k.lo) * dp);
+      key_exp = std::min(key_exp, k.window_exp[j - k.lo]);
     }
-
-    // §7: compressed rows completed inside this tile.
-    stage.emplace(Stage::kCompressors);
-    if (ratio != 0) compressor_forward(w.compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.comp);
-    if (ratio == 4) compressor_forward(w.idx_compressor, c, rope, x + t0 * c.hidden_size, pt, nt, st.idx_comp);
-
-    // §8.3: each query's selected compressed rows, timed as the indexer's
-    // (its scores are indexer FLOPs in the bench's per-stage report).
-    const int64_t vis = ratio != 0 ? (pt + nt) / ratio : 0;  // compressed rows visible to the tile's last query
-    std::vector<std::vector<int32_t>> chosen(size_t(ratio == 4 ? nt : 0));
-    if (ratio == 4) {
-      stage.emplace(Stage::kIndexer);
-      float* const idx_rows = scratch(idx_buf, size_t(vis * di));
-      st.idx_comp.read_rows(vis, int(di), idx_rows);
-      // Kept per thread from tile to tile; the queries' tasks on other
-      // threads reach it through the reference (a thread_local name in the
-      // lambda would be their own).
-      thread_local IndexerRows packed_rows;
-      IndexerRows& packed = packed_rows;
-      packed.pack(idx_rows, vis, int(di));
-      parallel_for_each(nt, [&](int64_t i) {
-        indexer_select(qi + (t0 + i) * Hi * di, wts + (t0 + i) * Hi, packed, (pt + i + 1) / ratio, int(Hi),
-                       c.index_topk, &chosen[size_t(i)]);
-      });
+    auto add_compressed = [&](int64_t r) {
+      keys.push_back(k.compressed + r * dp);
+      key_exp = std::min(key_exp, k.compressed_exp[r]);
+    };
+    if (L.kind.has_indexer()) {
+      for (int32_t r : chosen[size_t(i)]) add_compressed(r);
+    } else {
+      for (int64_t r = 0; r < L.kind.visible_rows(t); ++r) add_compressed(r);
     }
+    float* const oi = o + i * H * d;
+    attend_query(q + i * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, L.w.attn_sink.data(), oi);
+    for (int64_t h = 0; h < H; ++h) L.rope.rotate(oi + h * d + L.nd, cs + i * L.rd, /*inverse=*/true);
+  });
+}
 
-    stage.emplace(Stage::kAttention);
-    // The compressed rows visible to the tile's last query as key pair rows.
-    uint32_t* comp = nullptr;
-    std::vector<int> comp_exp;
-    if (ratio != 0) {
-      comp = scratch(comp_buf, size_t(vis * dp));
-      comp_exp.resize(size_t(vis));
-      parallel_for_each(vis, [&](int64_t r) {
-        comp_exp[size_t(r)] = pack_key_row(st.comp.rows.row_bf16(r), d, comp + r * dp);
-      });
-    }
-
-    // §6.4–6.6: attention per query token, all heads.
-    parallel_for_each(nt, [&](int64_t i) {
-      const int64_t t = pt + i;
-      std::vector<const uint32_t*> keys;
-      int key_exp = 255;
-      for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) {
-        keys.push_back(win + (j - lo) * dp);
-        key_exp = std::min(key_exp, win_exp[size_t(j - lo)]);
-      }
-      auto add_compressed = [&](int64_t r) {
-        keys.push_back(comp + r * dp);
-        key_exp = std::min(key_exp, comp_exp[size_t(r)]);
-      };
-      if (ratio == 4) {
-        for (int32_t r : chosen[size_t(i)]) add_compressed(r);
-      } else if (ratio != 0) {
-        for (int64_t r = 0; r < (t + 1) / ratio; ++r) add_compressed(r);
-      }
-      float* const oi = o + (t0 + i) * H * d;
-      attend_query(q + (t0 + i) * H * d, H, keys.data(), int64_t(keys.size()), d, key_exp, w.attn_sink.data(), oi);
-      for (int64_t h = 0; h < H; ++h) rope.rotate(oi + h * d + nd, cs.data() + (t0 + i) * rd, /*inverse=*/true);
-    });
-  }
-
-  stage.emplace(Stage::kProjections);
-  // §6.7: grouped low-rank output. wo_a's FP8 values are exact in bf16, so
-  // the bf16 product is the FP8 weight without activation quantisation.
-  const int64_t gw = H * d / G;
-  float* const u = scratch(u_buf, size_t(n * G * ol));
+// §6.7: grouped low-rank output, o [n][H][d] -> out [n][D]. wo_a's FP8
+// values are exact in bf16, so the bf16 product is the FP8 weight without
+// activation quantisation.
+void project_output(const Layer& L, const float* o, int64_t n, AttentionActivations& b, float* out) {
+  ScopedStage stage(Stage::kProjections);
+  const int64_t G = L.c.o_groups, ol = L.c.o_lora_rank, Hd = L.H * L.d, gw = Hd / G;
+  float* const u = scratch(b.u, size_t(n * G * ol));
   LinearOpts bf16_out;
   for (int64_t g = 0; g < G; ++g)
-    linear(w.wo_a, o + g * gw, n, u + g * ol, bf16_out, g * ol, (g + 1) * ol, H * d, G * ol);
-  linear(w.wo_b, u, n, out, qopts);
+    linear(L.w.wo_a, o + g * gw, n, u + g * ol, bf16_out, g * ol, (g + 1) * ol, Hd, G * ol);
+  linear(L.w.wo_b, u, n, out, L.quant());
+}
+
+// One tile, rows [t0, t0 + n) of the call at positions [p0, p0 + n): reads
+// the cache rows that the earlier tiles wrote, writes its own.
+void attend_tile(const Layer& L, const float* x, int64_t t0, int64_t p0, int64_t n, AttentionState& st,
+                 AttentionActivations& b) {
+  const int64_t H = L.H, d = L.d, Hi = L.c.index_n_heads, di = L.c.index_head_dim;
+  TileKeys keys;
+  window_keys(L, b.kv.data() + t0 * d, p0, n, st, b, &keys);
+  update_compressed_rows(L, x + t0 * L.c.hidden_size, p0, n, st, b.compressor);
+  if (L.kind.has_indexer()) {
+    // Timed as the indexer's: its scores are indexer FLOPs in the bench's
+    // per-stage report.
+    ScopedStage stage(Stage::kIndexer);
+    indexer_choose(L.c, L.kind, st.indexer, b.qi.data() + t0 * Hi * di, b.wts.data() + t0 * Hi, p0, n, b.indexer,
+                   &b.chosen);
+  }
+  compressed_keys(L, st, p0 + n - 1, b, &keys);
+  sparse_attention(L, b.q.data() + t0 * H * d, b.cs.data() + t0 * L.rd, p0, n, keys, b.chosen, st.window_rows,
+                   b.o.data() + t0 * H * d);
+}
+
+}  // namespace
+
+void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
+                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st,
+                       AttentionActivations& b, float* out) {
+  const Layer L(w, c, kind, rope);
+  const int64_t H = L.H, d = L.d, rd = L.rd, Hi = c.index_n_heads, di = c.index_head_dim;
+  if (tile <= 0 || tile > n) tile = n;
+  float* const cs = scratch(b.cs, size_t(n * rd));  // the rows' rotation tables
+  {
+    // The projections read only x, never the caches, so they run over all
+    // n rows at once: each FP8 weight panel is decoded once for all of
+    // them, not once per tile. Every output row is the same FMA chain
+    // whatever n is.
+    ScopedStage stage(Stage::kProjections);
+    for (int64_t i = 0; i < n; ++i) rope.cos_sin(p0 + i, cs + i * rd);
+    project_q(L, x, cs, n, scratch(b.qr, size_t(n * c.q_lora_rank)), scratch(b.q, size_t(n * H * d)));
+    project_kv(L, x, cs, n, scratch(b.kv, size_t(n * d)));
+  }
+  if (kind.has_indexer()) {
+    ScopedStage stage(Stage::kIndexer);
+    indexer_queries(w.indexer, c, rope, x, b.qr.data(), cs, n, scratch(b.qi, size_t(n * Hi * di)),
+                    scratch(b.wts, size_t(n * Hi)));
+  }
+  // Tile by tile in position order: each tile reads the cache rows that the
+  // earlier ones wrote.
+  scratch(b.o, size_t(n * H * d));
+  for (int64_t t0 = 0; t0 < n; t0 += tile) attend_tile(L, x, t0, p0 + t0, std::min(tile, n - t0), st, b);
+  project_output(L, b.o.data(), n, b, out);
 }
 
 }  // namespace dsv4

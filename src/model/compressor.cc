@@ -17,11 +17,11 @@ void CompressorState::init(CachePool* pool, const CompressorWeights& w) {
 }
 
 size_t CompressorState::pages_missing(const CompressorWeights& w, int64_t n_tokens) const {
-  return ring.pages_missing(std::min<int64_t>(n_tokens, w.coff * w.ratio)) + rows.pages_missing(n_tokens / w.ratio);
+  return ring.pages_missing(std::min(n_tokens, w.ring_slots())) + rows.pages_missing(n_tokens / w.ratio);
 }
 
 void CompressorState::reserve(const CompressorWeights& w, int64_t n_tokens) {
-  ring.reserve(std::min<int64_t>(n_tokens, w.coff * w.ratio));
+  ring.reserve(std::min(n_tokens, w.ring_slots()));
   rows.reserve(n_tokens / w.ratio);
 }
 
@@ -35,8 +35,8 @@ void CompressorState::read_rows(int64_t n, int hd, float* dst) const {
 void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
                          const CompressorState& st, int64_t ci, float* out) {
   const int r = w.ratio, hd = w.head_dim, coff = w.coff, slots = coff * r, width = coff * hd;
-  // Slot list: for r = 4, block ci−1 (first half channels) then block ci
-  // (second half); for r = 128, block ci only.
+  // Slot list: with overlapping windows (coff 2, CSA), block ci−1 (first
+  // half channels) then block ci (second half); otherwise block ci only.
   std::vector<int64_t> tok;
   std::vector<int> half;
   if (coff == 2) {
@@ -79,11 +79,10 @@ void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const
 }
 
 void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st) {
+                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act) {
   const int r = w.ratio, hd = w.head_dim, slots = w.coff * r, width = w.coff * hd;
-  thread_local std::vector<float> a_buf, g_buf;
-  float* const A = scratch(a_buf, size_t(n * width));
-  float* const G = scratch(g_buf, size_t(n * width));
+  float* const A = scratch(act.a, size_t(n * width));
+  float* const G = scratch(act.g, size_t(n * width));
   LinearOpts fp32_out;
   fp32_out.out_bf16 = false;
   linear(w.wkv, x, n, A, fp32_out);

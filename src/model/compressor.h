@@ -1,12 +1,12 @@
 // The KV compressor (MODEL.md §7): pools every r source tokens into one
 // compressed row with a per-channel softmax over slots. Its state carries the
-// source rows of blocks that are not yet complete (and, for r = 4, the
-// previous block) from one tile to the next (PREFILL.md §2).
+// source rows of blocks that are not yet complete (and, with CSA's
+// overlapping windows, the previous block) from one tile to the next (PREFILL.md §2).
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "engine/cache_pool.h"
+#include "core/cache_pool.h"
 #include "io/config.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
@@ -32,10 +32,16 @@ struct CompressorState {
   void read_rows(int64_t n, int hd, float* dst) const;
 };
 
+// compressor_forward's buffers (model/activations.h): the tile's wkv and
+// wgate products [n][coff·hd].
+struct CompressorActivations {
+  std::vector<float> a, g;
+};
+
 // Feeds the tile's normalised sublayer inputs x [n][D] at positions
 // [p0, p0 + n) and appends every compressed row completed inside the tile.
 void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st);
+                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act);
 
 // Emits row `c_idx` from the state's ring (all its source tokens present).
 void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,

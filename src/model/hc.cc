@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/arith.h"
 #include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/dot.h"
+#include "model/workers.h"
 
 namespace dsv4 {
 
@@ -17,8 +19,8 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 constexpr int kHcBlock = 8;  // tokens per block of mixes
 
 // m[t] = (fn · x_t) · r_t for the tokens of a block, r_t = 1/sqrt(mean(x_t²)
-// + eps) over the flattened streams. Four tokens at a time (dot4_f32): one
-// dot product at a time waited on its adds' latency.
+// + eps) over the flattened streams. Four tokens at a time (dot4_f32), so
+// that four independent sums hide the latency of each one's adds.
 void mixes(const float* const* x, int tokens, int64_t len, const float* fn, int rows, float norm_eps, float* m) {
   float r[kHcBlock];
   for (int t = 0; t < tokens; ++t) r[t] = 1.0f / std::sqrt(sumsq_f32(x[t], len) / float(len) + norm_eps);
@@ -64,7 +66,7 @@ void hc_pre(const float* X, int64_t n, int hc, int64_t D, const HcWeights& w, in
   const int rows = (2 + hc) * hc;
   mix->post.assign(size_t(n * hc), 0.f);
   mix->comb.assign(size_t(n * hc * hc), 0.f);
-  parallel_for_each((n + kHcBlock - 1) / kHcBlock, [&](int64_t b) {
+  parallel_for_each(ceil_div<int64_t>(n, kHcBlock), [&](int64_t b) {
     const int64_t t0 = b * kHcBlock;
     const int tokens = int(std::min<int64_t>(kHcBlock, n - t0));
     const float* xs[kHcBlock];
@@ -110,20 +112,22 @@ void hc_pre(const float* X, int64_t n, int hc, int64_t D, const HcWeights& w, in
   });
 }
 
-void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix& mix) {
-  parallel_for_each(n, [&](int64_t t) {
-    float* x = X + t * hc * D;
-    const float* post = mix.post.data() + t * hc;
-    const float* C = mix.comb.data() + t * hc * hc;
-    thread_local std::vector<float> out_buf;
-    float* const out = scratch(out_buf, size_t(hc * D));
-    for (int k = 0; k < hc; ++k) {
-      float* o = out + k * D;
-      stream_sum(x, C + k, hc, hc, D, o);  // Σ_j C[j][k]·X[j]
-      for (int64_t c = 0; c < D; ++c) o[c] = post[k] * f[t * D + c] + o[c];
+void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix& mix, HcActivations& act) {
+  std::vector<std::vector<float>>& per_worker = worker_slots(act.per_worker);
+  ThreadPool::global().parallel_for(n, [&](int64_t b, int64_t e, int worker) {
+    float* const out = scratch(per_worker[size_t(worker)], size_t(hc * D));
+    for (int64_t t = b; t < e; ++t) {
+      float* x = X + t * hc * D;
+      const float* post = mix.post.data() + t * hc;
+      const float* C = mix.comb.data() + t * hc * hc;
+      for (int k = 0; k < hc; ++k) {
+        float* o = out + k * D;
+        stream_sum(x, C + k, hc, hc, D, o);  // Σ_j C[j][k]·X[j]
+        for (int64_t c = 0; c < D; ++c) o[c] = post[k] * f[t * D + c] + o[c];
+      }
+      bf16r_inplace(out, size_t(hc * D));
+      std::copy(out, out + hc * D, x);
     }
-    bf16r_inplace(out, size_t(hc * D));
-    std::copy(out, out + hc * D, x);
   });
 }
 

@@ -28,8 +28,14 @@ struct HcMix {
 void hc_pre(const float* X, int64_t n, int hc, int64_t D, const HcWeights& w, int sinkhorn_iters, float hc_eps,
             float norm_eps, float* y, HcMix* mix);
 
+// hc_post's buffers (model/activations.h): per worker, the new streams of
+// the token it is on [hc][D].
+struct HcActivations {
+  std::vector<std::vector<float>> per_worker;
+};
+
 // X[k] = bf16(post[k]·f + Σ_j C[j][k]·X[j]) for each token, in place on X.
-void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix& mix);
+void hc_post(const float* f, float* X, int64_t n, int hc, int64_t D, const HcMix& mix, HcActivations& act);
 
 // y [n][D] = bf16(Σ_i pre[i]·X[i]) with pre from hc_head_fn/base/scale.
 void hc_head(const float* X, int64_t n, int hc, int64_t D, const HcHeadWeights& w, float hc_eps, float norm_eps,

@@ -1,24 +1,23 @@
 #include "model/moe.h"
 
 #include <algorithm>
-#include <optional>
-
-#include "core/stage_timer.h"
 #include <cmath>
+#include <optional>
 
 #include "core/formats.h"
 #include "core/scratch.h"
+#include "core/stage_timer.h"
 #include "core/thread_pool.h"
 #include "kernels/swiglu.h"
 #include "kernels/topk.h"
+#include "model/workers.h"
 
 namespace dsv4 {
 
 Routing moe_route(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
-                  int64_t n) {
+                  int64_t n, MoeActivations& act) {
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
-  thread_local std::vector<float> logits_buf;
-  float* const logits = scratch(logits_buf, size_t(n * E));
+  float* const logits = scratch(act.logits, size_t(n * E));
   LinearOpts fp32_out;
   fp32_out.out_bf16 = false;
   linear(w.gate, x, n, logits, fp32_out);
@@ -65,14 +64,13 @@ Routing moe_route(const MoeWeights& w, const ModelConfig& c, int layer, const fl
 }
 
 void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x, int64_t m, const float* row_weight,
-                    float* y) {
+                    ExpertActivations& act, float* y) {
   const int64_t I = c.moe_intermediate_size;
   const LinearOpts q = quant_linear_opts(c.weight_block_size, c.scale_pow2);
   // w1 and w3 read the same FP8-quantised rows: quantised once.
-  thread_local std::vector<float> xq_buf, g_buf, u_buf;
-  float* const xq = scratch(xq_buf, size_t(m * c.hidden_size));
-  float* const g = scratch(g_buf, size_t(m * I));
-  float* const u = scratch(u_buf, size_t(m * I));
+  float* const xq = scratch(act.xq, size_t(m * c.hidden_size));
+  float* const g = scratch(act.g, size_t(m * I));
+  float* const u = scratch(act.u, size_t(m * I));
   act_quant_rows(x, m, c.hidden_size, c.hidden_size, q, xq);
   LinearOpts q_in = q;
   q_in.act_quant = false;
@@ -85,7 +83,7 @@ void expert_forward(const ExpertWeights& e, const ModelConfig& c, const float* x
 }
 
 void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* const* x_rows, const int32_t* expert,
-                       const float* weight, int64_t n_pairs, float* y) {
+                       const float* weight, int64_t n_pairs, MoeActivations& act, float* y) {
   const int64_t D = c.hidden_size, E = c.n_routed_experts;
   std::vector<std::vector<int64_t>> pairs_of(static_cast<size_t>(E));
   for (int64_t j = 0; j < n_pairs; ++j) pairs_of[size_t(expert[j])].push_back(j);
@@ -99,50 +97,50 @@ void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* c
     if (!pairs_of[size_t(e)].empty()) order.push_back(e);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return pairs_of[size_t(a)].size() > pairs_of[size_t(b)].size(); });
-  parallel_for_each(int64_t(order.size()), [&](int64_t i) {
-    const int64_t e = order[size_t(i)];
-    const auto& pairs = pairs_of[size_t(e)];
-    const int64_t m = int64_t(pairs.size());
-    thread_local std::vector<float> xe_buf, we_buf, ye_buf;
-    float* const xe = scratch(xe_buf, size_t(m * D));
-    float* const we = scratch(we_buf, size_t(m));
-    float* const ye = scratch(ye_buf, size_t(m * D));
-    for (int64_t r = 0; r < m; ++r) {
-      std::copy(x_rows[pairs[size_t(r)]], x_rows[pairs[size_t(r)]] + D, xe + r * D);
-      we[r] = weight[pairs[size_t(r)]];
+  std::vector<RoutedExpertBuffers>& per_worker = worker_slots(act.per_worker);
+  ThreadPool::global().parallel_for(int64_t(order.size()), [&](int64_t b, int64_t end, int worker) {
+    RoutedExpertBuffers& buf = per_worker[size_t(worker)];
+    for (int64_t i = b; i < end; ++i) {
+      const int64_t e = order[size_t(i)];
+      const auto& pairs = pairs_of[size_t(e)];
+      const int64_t m = int64_t(pairs.size());
+      float* const xe = scratch(buf.x, size_t(m * D));
+      float* const we = scratch(buf.weight, size_t(m));
+      float* const ye = scratch(buf.y, size_t(m * D));
+      for (int64_t r = 0; r < m; ++r) {
+        std::copy(x_rows[pairs[size_t(r)]], x_rows[pairs[size_t(r)]] + D, xe + r * D);
+        we[r] = weight[pairs[size_t(r)]];
+      }
+      expert_forward(w.experts[size_t(e)], c, xe, m, we, buf.expert, ye);
+      for (int64_t r = 0; r < m; ++r) std::copy(ye + r * D, ye + (r + 1) * D, y + pairs[size_t(r)] * D);
     }
-    expert_forward(w.experts[size_t(e)], c, xe, m, we, ye);
-    for (int64_t r = 0; r < m; ++r) std::copy(ye + r * D, ye + (r + 1) * D, y + pairs[size_t(r)] * D);
   });
 }
 
 void moe_forward(const MoeWeights& w, const ModelConfig& c, int layer, const float* x, const int32_t* tokens,
-                 int64_t n, float* out, ExpertRunner* runner, MoeScratch* scratch) {
+                 int64_t n, MoeActivations& act, float* out, ExpertRunner* runner) {
   const int64_t D = c.hidden_size, k = c.num_experts_per_tok;
   if (n == 0 && !runner) return;
   std::optional<ScopedStage> stage(std::in_place, Stage::kGate);
-  Routing r = n > 0 ? moe_route(w, c, layer, x, tokens, n) : Routing{};
+  Routing r = n > 0 ? moe_route(w, c, layer, x, tokens, n, act) : Routing{};
   stage.emplace(Stage::kExperts);
   // y_routed[t][j] is expert r.expert[t][j]'s output on row t; the runner
   // writes every pair's row.
-  MoeScratch local;
-  std::vector<float>& y_routed = (scratch ? *scratch : local).y_routed;
-  dsv4::scratch(y_routed, size_t(n * k * D));
+  const float* const y_routed = scratch(act.y_routed, size_t(n * k * D));
   if (runner) {
-    runner->run_routed(w, c, x, n, r, y_routed.data());
+    runner->run_routed(w, c, x, n, r, act, act.y_routed.data());
   } else {
     std::vector<const float*> rows(size_t(n * k));
     for (int64_t i = 0; i < n * k; ++i) rows[size_t(i)] = x + (i / k) * D;
-    run_experts_local(w, c, rows.data(), r.expert.data(), r.weight.data(), n * k, y_routed.data());
+    run_experts_local(w, c, rows.data(), r.expert.data(), r.weight.data(), n * k, act, act.y_routed.data());
   }
   if (n == 0) return;
-  thread_local std::vector<float> ys_buf;
-  float* const ys = dsv4::scratch(ys_buf, size_t(n * D));
-  expert_forward(w.shared, c, x, n, nullptr, ys);
+  float* const ys = scratch(act.y_shared, size_t(n * D));
+  expert_forward(w.shared, c, x, n, nullptr, act.shared, ys);
   parallel_for_each(n, [&](int64_t t) {
     for (int64_t ch = 0; ch < D; ++ch) {
       float s = 0.f;
-      for (int64_t j = 0; j < k; ++j) s += y_routed[size_t((t * k + j) * D + ch)];
+      for (int64_t j = 0; j < k; ++j) s += y_routed[(t * k + j) * D + ch];
       out[t * D + ch] = bf16r(s + ys[t * D + ch]);
     }
   });

@@ -63,17 +63,17 @@ HcWeights load_hc(const Checkpoint& ck, const std::string& p, const ModelConfig&
   return w;
 }
 
-CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, const ModelConfig& c, int ratio,
+CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, const ModelConfig& c, LayerKind kind,
                                   int hd, bool indexer) {
   CompressorWeights w;
-  w.ratio = ratio;
-  w.coff = ratio == 4 ? 2 : 1;
+  w.ratio = kind.ratio;
+  w.coff = kind.compressor_overlap();
   w.head_dim = hd;
   w.indexer = indexer;
   const int64_t D = c.hidden_size, width = int64_t(w.coff) * hd;
   w.wkv = load_weight(ck, p + ".wkv", Weight::Kind::kBF16, width, D, c.weight_block_size);
   w.wgate = load_weight(ck, p + ".wgate", Weight::Kind::kBF16, width, D, c.weight_block_size);
-  w.ape = load_vector(ck, p + ".ape", {ratio, width}, {DType::kF32});
+  w.ape = load_vector(ck, p + ".ape", {w.ratio, width}, {DType::kF32});
   w.norm = load_vector(ck, p + ".norm.weight", {hd}, {DType::kBF16, DType::kF32});
   return w;
 }
@@ -87,6 +87,63 @@ ExpertWeights load_expert(const Checkpoint& ck, const std::string& p, const Mode
   return e;
 }
 
+// The attention tensors under prefix `ap` of a layer of the given kind.
+AttentionWeights load_attention(const Checkpoint& ck, const std::string& ap, const ModelConfig& c, LayerKind kind) {
+  const int64_t D = c.hidden_size, B = c.weight_block_size, H = c.num_attention_heads, d = c.head_dim;
+  const auto FP8 = Weight::Kind::kFP8, BF16 = Weight::Kind::kBF16;
+  AttentionWeights a;
+  a.wq_a = load_weight(ck, ap + "wq_a", FP8, c.q_lora_rank, D, int(B));
+  a.q_norm = load_vector(ck, ap + "q_norm.weight", {c.q_lora_rank}, {DType::kBF16, DType::kF32});
+  a.wq_b = load_weight(ck, ap + "wq_b", FP8, H * d, c.q_lora_rank, int(B));
+  a.wkv = load_weight(ck, ap + "wkv", FP8, d, D, int(B));
+  a.kv_norm = load_vector(ck, ap + "kv_norm.weight", {d}, {DType::kBF16, DType::kF32});
+  a.wo_a = load_weight(ck, ap + "wo_a", FP8, int64_t(c.o_groups) * c.o_lora_rank, H * d / c.o_groups, int(B));
+  a.wo_b = load_weight(ck, ap + "wo_b", FP8, D, int64_t(c.o_groups) * c.o_lora_rank, int(B));
+  a.attn_sink = load_vector(ck, ap + "attn_sink", {H}, {DType::kF32});
+  if (kind.has_compressor()) a.compressor = load_compressor(ck, ap + "compressor", c, kind, c.head_dim, false);
+  if (kind.has_indexer()) {
+    const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
+    a.indexer.wq_b = load_weight(ck, ap + "indexer.wq_b", FP8, Hi * di, c.q_lora_rank, int(B));
+    a.indexer.weights_proj = load_weight(ck, ap + "indexer.weights_proj", BF16, Hi, D, int(B));
+    a.indexer.compressor = load_compressor(ck, ap + "indexer.compressor", c, kind, c.index_head_dim, true);
+  }
+  return a;
+}
+
+// Layer L's MoE; routed experts [e0, e1) only.
+MoeWeights load_moe(const Checkpoint& ck, const std::string& fp, const ModelConfig& c, int L, int64_t e0, int64_t e1) {
+  const int64_t D = c.hidden_size, V = c.vocab_size, B = c.weight_block_size;
+  const auto FP8 = Weight::Kind::kFP8, BF16 = Weight::Kind::kBF16;
+  MoeWeights f;
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  f.gate = load_weight(ck, fp + "gate", BF16, E, D, int(B));
+  if (c.is_hash_layer(L)) {
+    const TensorView& t = ck.get_any(fp + "gate.tid2eid", {DType::kI64, DType::kI32}, {V, k});
+    f.tid2eid.resize(size_t(V * k));
+    for (size_t i = 0; i < f.tid2eid.size(); ++i) {
+      int64_t v;
+      if (t.dtype == DType::kI64) {
+        std::memcpy(&v, t.data + 8 * i, 8);
+      } else {
+        int32_t v32;
+        std::memcpy(&v32, t.data + 4 * i, 4);
+        v = v32;
+      }
+      if (v < 0 || v >= E)
+        throw Error(t.file + ": tensor '" + t.name + "' entry " + std::to_string(i) + " = " + std::to_string(v) +
+                    " is not an expert id < " + std::to_string(E));
+      f.tid2eid[i] = int32_t(v);
+    }
+  } else {
+    f.gate_bias = load_vector(ck, ck.resolve(fp + "gate.bias"), {E}, {DType::kF32, DType::kBF16});
+  }
+  f.experts.resize(static_cast<size_t>(E));
+  for (int64_t e = e0; e < e1; ++e)
+    f.experts[size_t(e)] = load_expert(ck, fp + "experts." + std::to_string(e), c, Weight::Kind::kFP4);
+  f.shared = load_expert(ck, fp + "shared_experts", c, FP8);
+  return f;
+}
+
 }  // namespace
 
 ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRange experts) {
@@ -95,8 +152,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
     throw Error("expert range [" + std::to_string(e0) + ", " + std::to_string(e1) + ") is not a non-empty part of the " +
                 std::to_string(c.n_routed_experts) + " routed experts");
   const int64_t D = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, B = c.weight_block_size;
-  const int64_t H = c.num_attention_heads, d = c.head_dim;
-  const auto FP8 = Weight::Kind::kFP8, BF16 = Weight::Kind::kBF16;
+  const auto BF16 = Weight::Kind::kBF16;
   ModelWeights m;
   m.embed = load_weight(ck, "embed", BF16, V, D, int(B));
   m.head = load_weight(ck, "head", BF16, V, D, int(B));
@@ -107,56 +163,13 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
   for (int L = 0; L < c.num_hidden_layers; ++L) {
     const std::string p = "layers." + std::to_string(L) + ".";
     LayerWeights lw;
-    lw.ratio = c.ratio(L);
+    lw.kind = c.layer_kind(L);
     lw.hc_attn = load_hc(ck, p + "hc_attn", c);
     lw.hc_ffn = load_hc(ck, p + "hc_ffn", c);
     lw.attn_norm = load_vector(ck, p + "attn_norm.weight", {D}, {DType::kBF16, DType::kF32});
     lw.ffn_norm = load_vector(ck, p + "ffn_norm.weight", {D}, {DType::kBF16, DType::kF32});
-    AttentionWeights& a = lw.attn;
-    const std::string ap = p + "attn.";
-    a.wq_a = load_weight(ck, ap + "wq_a", FP8, c.q_lora_rank, D, int(B));
-    a.q_norm = load_vector(ck, ap + "q_norm.weight", {c.q_lora_rank}, {DType::kBF16, DType::kF32});
-    a.wq_b = load_weight(ck, ap + "wq_b", FP8, H * d, c.q_lora_rank, int(B));
-    a.wkv = load_weight(ck, ap + "wkv", FP8, d, D, int(B));
-    a.kv_norm = load_vector(ck, ap + "kv_norm.weight", {d}, {DType::kBF16, DType::kF32});
-    a.wo_a = load_weight(ck, ap + "wo_a", FP8, int64_t(c.o_groups) * c.o_lora_rank, H * d / c.o_groups, int(B));
-    a.wo_b = load_weight(ck, ap + "wo_b", FP8, D, int64_t(c.o_groups) * c.o_lora_rank, int(B));
-    a.attn_sink = load_vector(ck, ap + "attn_sink", {H}, {DType::kF32});
-    if (lw.ratio != 0) a.compressor = load_compressor(ck, ap + "compressor", c, lw.ratio, c.head_dim, false);
-    if (lw.ratio == 4) {
-      const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
-      a.idx_wq_b = load_weight(ck, ap + "indexer.wq_b", FP8, Hi * di, c.q_lora_rank, int(B));
-      a.idx_weights_proj = load_weight(ck, ap + "indexer.weights_proj", BF16, Hi, D, int(B));
-      a.idx_compressor = load_compressor(ck, ap + "indexer.compressor", c, 4, c.index_head_dim, true);
-    }
-    MoeWeights& f = lw.ffn;
-    const std::string fp = p + "ffn.";
-    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
-    f.gate = load_weight(ck, fp + "gate", BF16, E, D, int(B));
-    if (c.is_hash_layer(L)) {
-      const TensorView& t = ck.get_any(fp + "gate.tid2eid", {DType::kI64, DType::kI32}, {V, k});
-      f.tid2eid.resize(size_t(V * k));
-      for (size_t i = 0; i < f.tid2eid.size(); ++i) {
-        int64_t v;
-        if (t.dtype == DType::kI64) {
-          std::memcpy(&v, t.data + 8 * i, 8);
-        } else {
-          int32_t v32;
-          std::memcpy(&v32, t.data + 4 * i, 4);
-          v = v32;
-        }
-        if (v < 0 || v >= E)
-          throw Error(t.file + ": tensor '" + t.name + "' entry " + std::to_string(i) + " = " + std::to_string(v) +
-                      " is not an expert id < " + std::to_string(E));
-        f.tid2eid[i] = int32_t(v);
-      }
-    } else {
-      f.gate_bias = load_vector(ck, ck.resolve(fp + "gate.bias"), {E}, {DType::kF32, DType::kBF16});
-    }
-    f.experts.resize(static_cast<size_t>(E));
-    for (int64_t e = e0; e < e1; ++e)
-      f.experts[size_t(e)] = load_expert(ck, fp + "experts." + std::to_string(e), c, Weight::Kind::kFP4);
-    f.shared = load_expert(ck, fp + "shared_experts", c, FP8);
+    lw.attn = load_attention(ck, p + "attn.", c, lw.kind);
+    lw.ffn = load_moe(ck, p + "ffn.", c, L, e0, e1);
     m.layers.push_back(std::move(lw));
   }
   return m;

@@ -21,20 +21,29 @@ Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind
 
 struct CompressorWeights {
   int ratio = 0;      // r
-  int coff = 1;       // 2 for overlapping windows (r == 4)
+  int coff = 1;       // LayerKind::compressor_overlap()
   int head_dim = 0;   // output row width
   bool indexer = false;
   Weight wkv, wgate;         // BF16 [coff·hd][D]
   std::vector<float> ape;    // [r][coff·hd]
   std::vector<float> norm;   // [hd]
+
+  // Source-token slots of the state's ring: the tokens a row can still need.
+  int64_t ring_slots() const { return int64_t(coff) * ratio; }
+};
+
+// The lightning indexer of a CSA layer (MODEL.md §8; model/indexer.h).
+struct IndexerWeights {
+  Weight wq_b;                  // FP8 [Hi·di][q_lora_rank]
+  Weight weights_proj;          // BF16 [Hi][D]
+  CompressorWeights compressor; // rows of index_head_dim
 };
 
 struct AttentionWeights {
   std::vector<float> q_norm, kv_norm, attn_sink;
   Weight wq_a, wq_b, wkv, wo_a, wo_b;
-  CompressorWeights compressor;        // ratio != 0
-  Weight idx_wq_b, idx_weights_proj;   // ratio == 4
-  CompressorWeights idx_compressor;    // ratio == 4
+  CompressorWeights compressor;  // LayerKind::has_compressor()
+  IndexerWeights indexer;        // LayerKind::has_indexer()
 };
 
 struct ExpertWeights {
@@ -50,7 +59,7 @@ struct MoeWeights {
 };
 
 struct LayerWeights {
-  int ratio = 0;
+  LayerKind kind;
   HcWeights hc_attn, hc_ffn;
   std::vector<float> attn_norm, ffn_norm;
   AttentionWeights attn;

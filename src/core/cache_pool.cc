@@ -1,10 +1,11 @@
-#include "engine/cache_pool.h"
+#include "core/cache_pool.h"
 
 #include <sys/mman.h>
 
 #include <climits>
 #include <cstring>
 
+#include "core/arith.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -57,7 +58,7 @@ PagedRows& PagedRows::operator=(PagedRows&& o) noexcept {
 }
 
 size_t PagedRows::pages_missing(int64_t rows) const {
-  size_t need = (size_t(rows) + rows_per_page_ - 1) / rows_per_page_;
+  const size_t need = ceil_div(size_t(rows), rows_per_page_);
   return need > table_.size() ? need - table_.size() : 0;
 }
 
