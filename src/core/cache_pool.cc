@@ -77,6 +77,14 @@ void PagedRows::reserve(int64_t rows) {
   }
 }
 
+void PagedRows::copy_from(const PagedRows& src) {
+  if (!table_.empty() || row_bytes_ != src.row_bytes_ || pool_->page_bytes() != src.pool_->page_bytes())
+    throw Error("cache pool: a copy needs an empty array of the same row and page size");
+  reserve(int64_t(src.table_.size() * rows_per_page_));
+  for (size_t i = 0; i < table_.size(); ++i)
+    std::memcpy(pool_->page(table_[i]), src.pool_->page(src.table_[i]), pool_->page_bytes());
+}
+
 void PagedRows::release() {
   if (pool_)
     for (int32_t id : table_) pool_->free(id);

@@ -61,8 +61,11 @@ class PagedRows {
   size_t pages() const { return table_.size(); }
   size_t bytes_held() const { return pool_ ? table_.size() * pool_->page_bytes() : 0; }
   size_t row_bytes() const { return row_bytes_; }
-  const CachePool* pool() const { return pool_; }
+  CachePool* pool() const { return pool_; }
   void release();
+  // Makes this (empty) array hold a copy of every page `src` holds, from
+  // this array's pool; on a full pool it throws and holds nothing.
+  void copy_from(const PagedRows& src);
 
  private:
   CachePool* pool_ = nullptr;

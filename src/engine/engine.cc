@@ -160,6 +160,18 @@ PrefillResult Session::append(const std::vector<int32_t>& tokens, const AppendOp
   return std::move(r[0]);
 }
 
+std::unique_ptr<Session> Session::fork() const {
+  std::unique_ptr<Session> s = engine_->new_session();
+  s->restore(*this);
+  return s;
+}
+
+void Session::restore(const Session& snapshot) {
+  if (snapshot.engine_ != engine_) throw Error("a session can only be restored from one of its own engine");
+  if (&snapshot == this) return;
+  state_->request.copy_from(*engine_->impl_->model, snapshot.state_->request);
+}
+
 size_t Session::cache_bytes() const { return state_->request.cache_bytes(); }
 
 uint64_t Session::cache_checksum() const { return dsv4::cache_checksum(*engine_->impl_->model, state_->request); }

@@ -49,6 +49,15 @@ class Session {
   // Throws dsv4::Error on a bad token, a request past the limit or a full
   // cache pool; the session is then unchanged.
   PrefillResult append(const std::vector<int32_t>& tokens, const AppendOptions& what = {});
+  // A copy of the whole state at this position (window, compressed and
+  // indexer rows, every compressor's partial block, the position) in pages
+  // of its own from the same pool: it continues bitwise as this session
+  // would. Throws dsv4::Error when the pool cannot hold the copy.
+  std::unique_ptr<Session> fork() const;
+  // This session becomes a copy of `snapshot` (a session of the same
+  // engine, e.g. an earlier fork()); on a full pool it throws and this
+  // session is unchanged.
+  void restore(const Session& snapshot);
 
   size_t cache_bytes() const;        // pool pages held
   uint64_t cache_checksum() const;   // FNV-1a of the caches in logical order

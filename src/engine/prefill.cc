@@ -135,6 +135,21 @@ void RequestState::reserve(const Model& model, int64_t n) {
   for (size_t l = 0; l < layers.size(); ++l) layers[l].reserve(model.weights.layers[l].attn, n);
 }
 
+void RequestState::copy_from(const Model& model, const RequestState& src) {
+  if (src.layers.empty()) throw Error("a request state copy needs an initialised source");
+  CachePool* pool = src.layers[0].window.pool();
+  const size_t need = src.cache_bytes() / pool->page_bytes();
+  if (need > pool->free_pages())
+    throw Error("cache pool exhausted: a copy of the session needs " + std::to_string(need) + " pages of " +
+                std::to_string(pool->page_bytes()) + " bytes, " + std::to_string(pool->free_pages()) +
+                " are free (raise --cache-pool-mb)");
+  RequestState copy;
+  copy.init(model, pool);
+  for (size_t l = 0; l < copy.layers.size(); ++l) copy.layers[l].copy_from(src.layers[l]);
+  copy.n_tokens = src.n_tokens;
+  *this = std::move(copy);
+}
+
 size_t RequestState::cache_bytes() const {
   size_t b = 0;
   for (const AttentionState& s : layers) b += s.bytes_held();

@@ -35,6 +35,10 @@ struct RequestState {
   void reserve(const Model& model, int64_t n_tokens);
   // Bytes of all cache pages the request holds.
   size_t cache_bytes() const;
+  // This state becomes a copy of `src` (same model and pool) in pages of its
+  // own, all or none: on a full pool it throws dsv4::Error and this state
+  // is unchanged.
+  void copy_from(const Model& model, const RequestState& src);
 };
 
 // Processes `tokens` at positions [state.n_tokens, state.n_tokens + N) in

@@ -36,6 +36,12 @@ size_t AttentionState::bytes_held() const {
   return window.bytes_held() + comp.bytes_held() + indexer.bytes_held();
 }
 
+void AttentionState::copy_from(const AttentionState& src) {
+  window.copy_from(src.window);
+  if (kind.has_compressor()) comp.copy_from(src.comp);
+  if (kind.has_indexer()) indexer.copy_from(src.indexer);
+}
+
 namespace {
 
 // The fixed inputs of one attention_forward call, shared by its steps.

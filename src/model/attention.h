@@ -28,6 +28,9 @@ struct AttentionState {
   size_t pages_missing(const AttentionWeights& w, int64_t n_tokens) const;
   void reserve(const AttentionWeights& w, int64_t n_tokens);
   size_t bytes_held() const;
+  // This freshly initialised state (same layer) becomes a copy of `src`,
+  // in pages of its own.
+  void copy_from(const AttentionState& src);
 };
 
 // attention_forward's buffers (model/activations.h), over the n rows of a call

@@ -28,6 +28,12 @@ struct CompressorState {
   size_t pages_missing(const CompressorWeights& w, int64_t n_tokens) const;
   void reserve(const CompressorWeights& w, int64_t n_tokens);
   size_t bytes_held() const { return ring.bytes_held() + rows.bytes_held(); }
+  // This freshly initialised state becomes a copy of `src` (its own pages).
+  void copy_from(const CompressorState& src) {
+    ring.copy_from(src.ring);
+    rows.copy_from(src.rows);
+    n_rows = src.n_rows;
+  }
   // Rows [0, n) widened to fp32 [n][hd].
   void read_rows(int64_t n, int hd, float* dst) const;
 };

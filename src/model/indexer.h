@@ -24,6 +24,7 @@ struct IndexerState {
   }
   void reserve(const IndexerWeights& w, int64_t n_tokens) { comp.reserve(w.compressor, n_tokens); }
   size_t bytes_held() const { return comp.bytes_held(); }
+  void copy_from(const IndexerState& src) { comp.copy_from(src.comp); }
 };
 
 // The indexer rows visible to a tile [n][di], also packed once as gemm

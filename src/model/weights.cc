@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/arith.h"
 #include "core/error.h"
 #include "core/formats.h"
 
@@ -25,7 +26,7 @@ Weight load_weight(const Checkpoint& ck, const std::string& prefix, Weight::Kind
       break;
     case Weight::Kind::kFP8:
       w.data = ck.get(wn, DType::kF8E4M3, {out, in}).data;
-      w.scale = ck.get(scale_name(), DType::kF8E8M0, {(out + block - 1) / block, (in + block - 1) / block}).data;
+      w.scale = ck.get(scale_name(), DType::kF8E8M0, {ceil_div(out, int64_t(block)), ceil_div(in, int64_t(block))}).data;
       break;
     case Weight::Kind::kFP4:
       if (in % 32 != 0) throw Error(wn + ": FP4 input width " + std::to_string(in) + " is not a multiple of 32");
