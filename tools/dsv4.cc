@@ -883,13 +883,12 @@ int cmd_bench_tokenizer(const Args& a) {
 int main(int argc, char** argv) {
   install_sigbus_handler();  // a checkpoint truncated while mapped: one line, exit 2
   // Keep freed memory in the process. By default glibc maps every block over
-  // its (adaptive) threshold afresh and unmaps it on free, so each tile's
-  // activations (16 MB for q at Flash width) came back as new pages that the
-  // kernel faults in and zeroes, on the thread that allocates them, while
-  // the other workers wait. perf at N = 2048 put ~6% of the main thread's
-  // samples in page-fault handling; with blocks up to 32 MB (glibc's
-  // ceiling for this setting) served from the heap and never trimmed, the
-  // system time of a prefill fell by a third (docs/PERFORMANCE.md).
+  // its (adaptive) threshold afresh and unmaps it on free, so a tile's
+  // activations (16 MB for q at Flash width) would come back as new pages
+  // that the kernel faults in and zeroes on the allocating thread while the
+  // other workers wait. Blocks up to 32 MB (glibc's ceiling for this
+  // setting) are served from the heap and never trimmed
+  // (docs/PERFORMANCE.md, "Design decisions that hold").
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   // Under mpirun, prefill joins the MPI job (expert parallelism); an error on

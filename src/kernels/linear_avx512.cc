@@ -79,7 +79,7 @@ struct Rows16 {
   // panel is asked for in address order instead, a few lines per step
   // spread over this panel's `steps` steps: one stream, ahead of use. Into
   // L2 (T1): the panel is read only once the current one is done
-  // (docs/PERFORMANCE.md has the comparison with one line per row). A
+  // (docs/PERFORMANCE_LOG.md, session 10, compares it with one line per row). A
   // prefetch never faults, so past the weight's end it costs only the
   // request.
   void prefetch_next_panel(int64_t step, int64_t steps) const {
