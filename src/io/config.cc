@@ -39,9 +39,6 @@ struct Reader {
     if (d != double(int64_t(d))) fail(path, "must be an integer, got " + v.dump());
     return int(d);
   }
-  int integer_or(const std::string& field, int dflt, int lo, int hi) const {
-    return j.contains(field) && !j[field].is_null() ? integer(field, lo, hi) : dflt;
-  }
   float number_in(const json& obj, const std::string& field, const std::string& path, double lo, double hi) const {
     const json& v = get(obj, field, path);
     if (!v.is_number()) fail(path, "must be a number");
@@ -75,39 +72,67 @@ double decimal(float f) {
   return std::strtod(buf, nullptr);
 }
 
-// The plain numeric fields.
+// The plain numeric fields, read by from_json and written by to_json from
+// this one list. An optional field takes its default when absent or null.
+struct IntField {
+  const char* name;
+  int ModelConfig::*member;
+  int lo, hi;
+  bool optional = false;
+  int dflt = 0;
+};
+struct FloatField {
+  const char* name;
+  float ModelConfig::*member;
+  double lo, hi;
+  bool optional = false;
+  float dflt = 0.f;
+};
+
+using C = ModelConfig;
+const IntField kIntFields[] = {
+    {"hidden_size", &C::hidden_size, 1, kBig},
+    {"num_hidden_layers", &C::num_hidden_layers, 1, 100000},
+    {"num_attention_heads", &C::num_attention_heads, 1, 1 << 16},
+    {"num_key_value_heads", &C::num_key_value_heads, 1, 1, true, 1},
+    {"head_dim", &C::head_dim, 1, 1 << 16},
+    {"qk_rope_head_dim", &C::qk_rope_head_dim, 2, 1 << 16},
+    {"q_lora_rank", &C::q_lora_rank, 1, kBig},
+    {"o_lora_rank", &C::o_lora_rank, 1, kBig},
+    {"o_groups", &C::o_groups, 1, 1 << 16},
+    {"sliding_window", &C::sliding_window, 1, kBig},
+    {"index_n_heads", &C::index_n_heads, 1, 1 << 16},
+    {"index_head_dim", &C::index_head_dim, 1, 1 << 16},
+    {"index_topk", &C::index_topk, 1, kBig},
+    {"n_routed_experts", &C::n_routed_experts, 1, 1 << 20},
+    {"num_experts_per_tok", &C::num_experts_per_tok, 1, 1 << 20},
+    {"n_shared_experts", &C::n_shared_experts, 0, 1 << 20, true, 1},
+    {"moe_intermediate_size", &C::moe_intermediate_size, 1, kBig},
+    {"num_hash_layers", &C::num_hash_layers, 0, 100000, true, 0},
+    {"hc_mult", &C::hc_mult, 1, 64},
+    {"hc_sinkhorn_iters", &C::hc_sinkhorn_iters, 1, 10000},
+    {"max_position_embeddings", &C::max_position_embeddings, 1, kBig},
+    {"vocab_size", &C::vocab_size, 1, kBig},
+    {"bos_token_id", &C::bos_token_id, 0, kBig, true, 0},
+    {"eos_token_id", &C::eos_token_id, 0, kBig, true, 1},
+    {"num_nextn_predict_layers", &C::num_nextn_predict_layers, 0, 1000, true, 0},
+};
+const FloatField kFloatFields[] = {
+    {"routed_scaling_factor", &C::routed_scaling_factor, 0, 1e6},
+    {"swiglu_limit", &C::swiglu_limit, 0, 1e30, true, 0.f},  // 0: no clamp
+    {"hc_eps", &C::hc_eps, 0, 1},
+    {"rms_norm_eps", &C::rms_norm_eps, 0, 1},
+    {"rope_theta", &C::rope_theta, 1e-6, 1e30},
+    {"compress_rope_theta", &C::compress_rope_theta, 1e-6, 1e30},
+};
+
+bool absent(const json& j, const char* field) { return !j.contains(field) || j[field].is_null(); }
+
 void read_dimensions(const Reader& r, ModelConfig& c) {
-  c.hidden_size = r.integer("hidden_size", 1, kBig);
-  c.num_hidden_layers = r.integer("num_hidden_layers", 1, 100000);
-  c.num_attention_heads = r.integer("num_attention_heads", 1, 1 << 16);
-  c.num_key_value_heads = r.integer_or("num_key_value_heads", 1, 1, 1);
-  c.head_dim = r.integer("head_dim", 1, 1 << 16);
-  c.qk_rope_head_dim = r.integer("qk_rope_head_dim", 2, 1 << 16);
-  c.q_lora_rank = r.integer("q_lora_rank", 1, kBig);
-  c.o_lora_rank = r.integer("o_lora_rank", 1, kBig);
-  c.o_groups = r.integer("o_groups", 1, 1 << 16);
-  c.sliding_window = r.integer("sliding_window", 1, kBig);
-  c.index_n_heads = r.integer("index_n_heads", 1, 1 << 16);
-  c.index_head_dim = r.integer("index_head_dim", 1, 1 << 16);
-  c.index_topk = r.integer("index_topk", 1, kBig);
-  c.n_routed_experts = r.integer("n_routed_experts", 1, 1 << 20);
-  c.num_experts_per_tok = r.integer("num_experts_per_tok", 1, 1 << 20);
-  c.n_shared_experts = r.integer_or("n_shared_experts", 1, 0, 1 << 20);
-  c.moe_intermediate_size = r.integer("moe_intermediate_size", 1, kBig);
-  c.num_hash_layers = r.integer_or("num_hash_layers", 0, 0, 100000);
-  c.routed_scaling_factor = r.number("routed_scaling_factor", 0, 1e6);
-  c.swiglu_limit = r.j.contains("swiglu_limit") ? r.number("swiglu_limit", 0, 1e30) : 0.f;
-  c.hc_mult = r.integer("hc_mult", 1, 64);
-  c.hc_sinkhorn_iters = r.integer("hc_sinkhorn_iters", 1, 10000);
-  c.hc_eps = r.number("hc_eps", 0, 1);
-  c.rms_norm_eps = r.number("rms_norm_eps", 0, 1);
-  c.rope_theta = r.number("rope_theta", 1e-6, 1e30);
-  c.compress_rope_theta = r.number("compress_rope_theta", 1e-6, 1e30);
-  c.max_position_embeddings = r.integer("max_position_embeddings", 1, kBig);
-  c.vocab_size = r.integer("vocab_size", 1, kBig);
-  c.bos_token_id = r.integer_or("bos_token_id", 0, 0, kBig);
-  c.eos_token_id = r.integer_or("eos_token_id", 1, 0, kBig);
-  c.num_nextn_predict_layers = r.integer_or("num_nextn_predict_layers", 0, 0, 1000);
+  for (const IntField& f : kIntFields)
+    c.*f.member = f.optional && absent(r.j, f.name) ? f.dflt : r.integer(f.name, f.lo, f.hi);
+  for (const FloatField& f : kFloatFields)
+    c.*f.member = f.optional && absent(r.j, f.name) ? f.dflt : r.number(f.name, f.lo, f.hi);
 }
 
 // scoring_func.
@@ -221,52 +246,23 @@ json ModelConfig::to_json() const {
   json j = {
       {"architectures", {"DeepseekV4ForCausalLM"}},
       {"model_type", "deepseek_v4"},
-      {"hidden_size", hidden_size},
-      {"num_hidden_layers", num_hidden_layers},
-      {"num_attention_heads", num_attention_heads},
-      {"num_key_value_heads", num_key_value_heads},
-      {"head_dim", head_dim},
-      {"qk_rope_head_dim", qk_rope_head_dim},
-      {"q_lora_rank", q_lora_rank},
-      {"o_lora_rank", o_lora_rank},
-      {"o_groups", o_groups},
-      {"vocab_size", vocab_size},
-      {"moe_intermediate_size", moe_intermediate_size},
-      {"n_routed_experts", n_routed_experts},
-      {"num_experts_per_tok", num_experts_per_tok},
-      {"n_shared_experts", n_shared_experts},
-      {"num_hash_layers", num_hash_layers},
-      {"routed_scaling_factor", decimal(routed_scaling_factor)},
-      {"swiglu_limit", decimal(swiglu_limit)},
-      {"sliding_window", sliding_window},
-      {"index_n_heads", index_n_heads},
-      {"index_head_dim", index_head_dim},
-      {"index_topk", index_topk},
-      {"hc_mult", hc_mult},
-      {"hc_sinkhorn_iters", hc_sinkhorn_iters},
-      {"hc_eps", decimal(hc_eps)},
-      {"rms_norm_eps", decimal(rms_norm_eps)},
-      {"rope_theta", decimal(rope_theta)},
-      {"compress_rope_theta", decimal(compress_rope_theta)},
       {"rope_scaling", {{"type", "yarn"}, {"factor", decimal(rope_factor)},
                         {"original_max_position_embeddings", rope_original_max_position},
                         {"beta_fast", decimal(rope_beta_fast)}, {"beta_slow", decimal(rope_beta_slow)}}},
-      {"max_position_embeddings", max_position_embeddings},
       {"compress_ratios", compress_ratios},
       {"scoring_func", sf},
       {"topk_method", "noaux_tc"},
       {"norm_topk_prob", true},
       {"hidden_act", "silu"},
-      {"bos_token_id", bos_token_id},
-      {"eos_token_id", eos_token_id},
       {"tie_word_embeddings", false},
-      {"num_nextn_predict_layers", num_nextn_predict_layers},
       {"torch_dtype", "bfloat16"},
       {"quantization_config", {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
                                {"scale_fmt", scale_pow2 ? "ue8m0" : "fp32"},
                                {"weight_block_size", {weight_block_size, weight_block_size}}}},
       {"expert_dtype", "fp4"},
   };
+  for (const IntField& f : kIntFields) j[f.name] = this->*f.member;
+  for (const FloatField& f : kFloatFields) j[f.name] = decimal(this->*f.member);
   return j;
 }
 
