@@ -20,81 +20,84 @@ namespace {
 
 #ifdef DSV4_PEAK_AVX2
 constexpr int kChains = 12;  // independent FMA chains: > latency (4-5) x FMA ports (2)
+#else
+constexpr int kChains = 8;
+#endif
 
-// kChains accumulators of 8 lanes, acc = acc * a + b; the values converge to
-// b / (1 - a) and never overflow or go subnormal.
-__attribute__((noinline)) float fma_kernel(int64_t iters, float seed) {
-  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
-  __m256 c0 = _mm256_set1_ps(seed), c1 = _mm256_set1_ps(seed + 1), c2 = _mm256_set1_ps(seed + 2),
-         c3 = _mm256_set1_ps(seed + 3), c4 = _mm256_set1_ps(seed + 4), c5 = _mm256_set1_ps(seed + 5),
-         c6 = _mm256_set1_ps(seed + 6), c7 = _mm256_set1_ps(seed + 7), c8 = _mm256_set1_ps(seed + 8),
-         c9 = _mm256_set1_ps(seed + 9), c10 = _mm256_set1_ps(seed + 10), c11 = _mm256_set1_ps(seed + 11);
+// The register-only loop of every peak kernel below, written once: kChains
+// independent chains of V::T (V::kLanes floats), chain j starting at
+// seed + j, each iteration one step(c) per chain; the result, the sum of
+// every lane of every chain, depends on every step.
+//
+// Shaped for GCC's target rules: a function is inlined only into one
+// compiled for at least its target, so a loop marked for AVX-512F could not
+// take the vdpbf16ps step (AVX512-BF16), and one marked for that could not
+// serve the AVX-512F kernel. So this loop has no target attribute and each
+// kernel is `flatten`, which inlines the loop, V's operations and the step
+// into the kernel, compiled for the kernel's target. The vectors pass by
+// reference only: by value they would cross this function's default-target
+// ABI (-Wpsabi), were it ever called rather than inlined.
+template <class V, class Step>
+inline float run_chains(int64_t iters, float seed, const Step& step) {
+  typename V::T c[kChains];
+#pragma GCC unroll 16
+  for (int j = 0; j < kChains; ++j) V::splat(c[j], seed + float(j));
   for (int64_t i = 0; i < iters; ++i) {
-    c0 = _mm256_fmadd_ps(c0, a, b);
-    c1 = _mm256_fmadd_ps(c1, a, b);
-    c2 = _mm256_fmadd_ps(c2, a, b);
-    c3 = _mm256_fmadd_ps(c3, a, b);
-    c4 = _mm256_fmadd_ps(c4, a, b);
-    c5 = _mm256_fmadd_ps(c5, a, b);
-    c6 = _mm256_fmadd_ps(c6, a, b);
-    c7 = _mm256_fmadd_ps(c7, a, b);
-    c8 = _mm256_fmadd_ps(c8, a, b);
-    c9 = _mm256_fmadd_ps(c9, a, b);
-    c10 = _mm256_fmadd_ps(c10, a, b);
-    c11 = _mm256_fmadd_ps(c11, a, b);
+#pragma GCC unroll 16
+    for (int j = 0; j < kChains; ++j) step(c[j]);
   }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
-                           _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
-  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
-  alignas(32) float v[8];
-  _mm256_store_ps(v, s);
-  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
-}
-
-// Chain j of the 16-lane loops below starts at seed + j; their result is
-// the sum of every lane of every chain.
-__attribute__((always_inline, target("avx512f"))) inline void start_chains(__m512 (&c)[kChains], float seed) {
 #pragma GCC unroll 16
-  for (int j = 0; j < kChains; ++j) c[j] = _mm512_set1_ps(seed + float(j));
-}
-__attribute__((always_inline, target("avx512f"))) inline float sum_chains(const __m512 (&c)[kChains]) {
-  __m512 s = c[0];
-#pragma GCC unroll 16
-  for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, c[j]);
-  alignas(64) float v[16];
-  _mm512_store_ps(v, s);
+  for (int j = 1; j < kChains; ++j) V::add_to(c[0], c[j]);
+  float v[V::kLanes];
+  V::store(v, c[0]);
   float sum = 0;
   for (float f : v) sum += f;
   return sum;
 }
 
-// The same on 16-lane vectors, for CPUs with AVX-512F (checked by the
-// caller); compiled for AVX-512 by the attribute alone.
-__attribute__((noinline, target("avx512f"))) float fma_kernel_avx512(int64_t iters, float seed) {
+#ifdef DSV4_PEAK_AVX2
+struct Ymm {
+  using T = __m256;
+  static constexpr int kLanes = 8;
+  static void splat(T& c, float v) { c = _mm256_set1_ps(v); }
+  static void add_to(T& s, const T& c) { s = _mm256_add_ps(s, c); }
+  static void store(float* p, const T& c) { _mm256_storeu_ps(p, c); }
+};
+
+// For CPUs with AVX-512F (checked by the callers); compiled for AVX-512 by
+// the attributes alone.
+struct Zmm {
+  using T = __m512;
+  static constexpr int kLanes = 16;
+  __attribute__((target("avx512f"))) static void splat(T& c, float v) { c = _mm512_set1_ps(v); }
+  __attribute__((target("avx512f"))) static void add_to(T& s, const T& c) { s = _mm512_add_ps(s, c); }
+  __attribute__((target("avx512f"))) static void store(float* p, const T& c) { _mm512_storeu_ps(p, c); }
+};
+
+// acc = acc * a + b on 8 lanes: the values converge to b / (1 - a) and
+// never overflow or go subnormal.
+__attribute__((noinline, flatten)) float fma_kernel(int64_t iters, float seed) {
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  return run_chains<Ymm>(iters, seed, [=](__m256& c) { c = _mm256_fmadd_ps(c, a, b); });
+}
+
+// The same on 16 lanes, for CPUs with AVX-512F (checked by the caller).
+__attribute__((noinline, flatten, target("avx512f"))) float fma_kernel_avx512(int64_t iters, float seed) {
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
-  __m512 c[kChains];
-  start_chains(c, seed);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kChains; ++j) c[j] = _mm512_fmadd_ps(c[j], a, b);
-  }
-  return sum_chains(c);
+  return run_chains<Zmm>(iters, seed,
+                         [=](__m512& c) __attribute__((target("avx512f"))) { c = _mm512_fmadd_ps(c, a, b); });
 }
 
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-// vdpbf16ps (AVX512-BF16) in kChains independent chains: each instruction
-// is 32 bf16 products added into 16 fp32 lanes (64 flops). Only called on
-// CPUs with AVX512-BF16 (Isa::kAvx512Bf16 supported).
-// acc grows by 2·2^-10 per instruction: no overflow, no subnormals.
-__attribute__((noinline, target("avx512f,avx512bf16"))) float dpbf16_kernel(int64_t iters, float seed) {
+// vdpbf16ps (AVX512-BF16): each instruction is 32 bf16 products added into
+// 16 fp32 lanes (64 flops). Only called on CPUs with AVX512-BF16
+// (Isa::kAvx512Bf16 supported). acc grows by 2·2^-10 per instruction: no
+// overflow, no subnormals.
+__attribute__((noinline, flatten, target("avx512f,avx512bf16"))) float dpbf16_kernel(int64_t iters, float seed) {
   const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80), small = (__m512bh)_mm512_set1_epi16(0x3a80);
-  __m512 c[kChains];
-  start_chains(c, seed);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kChains; ++j) c[j] = _mm512_dpbf16_ps(c[j], one, small);
-  }
-  return sum_chains(c);
+  return run_chains<Zmm>(iters, seed, [=](__m512& c) __attribute__((target("avx512f,avx512bf16"))) {
+    c = _mm512_dpbf16_ps(c, one, small);
+  });
 }
 #endif
 
@@ -134,15 +137,17 @@ __attribute__((noinline)) float bf16_dot_kernel(const uint16_t* x, const uint16_
   return total;
 }
 #else
-constexpr int kChains = 8;
-__attribute__((noinline)) float fma_kernel(int64_t iters, float seed) {
-  float c[kChains];
-  for (int j = 0; j < kChains; ++j) c[j] = seed + float(j);
-  for (int64_t i = 0; i < iters; ++i)
-    for (int j = 0; j < kChains; ++j) c[j] = std::fma(c[j], 0.999f, 1e-3f);
-  float s = 0;
-  for (float v : c) s += v;
-  return s;
+struct Scalar {
+  using T = float;
+  static constexpr int kLanes = 1;
+  static void splat(T& c, float v) { c = v; }
+  static void add_to(T& s, const T& c) { s += c; }
+  static void store(float* p, const T& c) { *p = c; }
+};
+
+// acc = acc * a + b, as above.
+__attribute__((noinline, flatten)) float fma_kernel(int64_t iters, float seed) {
+  return run_chains<Scalar>(iters, seed, [](float& c) { c = std::fma(c, 0.999f, 1e-3f); });
 }
 __attribute__((noinline)) float bf16_dot_kernel(const uint16_t* x, const uint16_t* y, int64_t n, int64_t reps) {
   float total = 0;

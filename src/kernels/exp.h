@@ -54,4 +54,40 @@ inline float exp_f32(float x) {
   return x == x ? y : x;
 }
 
+// Internal linkage on purpose, as in kernels/gemm_micro.h: the file compiled
+// with -mavx512f instantiates this too, and an instantiation with external
+// linkage there could be the copy the linker keeps for every caller.
+namespace {
+
+// exp_f32 on a vector of lanes, each lane taking exp_f32's operations and so
+// its bits: written once for the 8-lane AVX2 version (kernels/swiglu.cc) and
+// the 16-lane AVX-512 one (kernels/sparse_attention_avx512.cc). F is the
+// vector type, V gives the steps that need a width's intrinsics: splat(v),
+// clamp(x, lo, hi) = min(max(x, lo), hi) (a NaN x gives lo), round(x) to the
+// nearest integer and fma(a, b, c) = a·b + c rounded once. The rest is
+// GCC's (and clang's) vector operators, which serve either width: the
+// products, the integer steps, and the NaN select x == x ? y : x (a compare
+// and a blend). min and max stay intrinsics: the same select with a
+// constant operand was left a compare and a blend, not vmaxps. fma(n, −ln2,
+// r) is fnmadd(n, ln2, r) bit for bit (the negation is exact), so the
+// scalar's −n is a negated constant here.
+template <class V, class F>
+F exp_f32_lanes(F x) {
+  namespace k = exp_f32_constants;
+  typedef int32_t I __attribute__((vector_size(sizeof(F))));
+  const F c = V::clamp(x, V::splat(k::kMin), V::splat(k::kMax));  // NaN: kMin, the result is x below
+  const F n = V::round(c * V::splat(k::kLog2e));
+  F r = V::fma(n, V::splat(-k::kLn2Hi), c);
+  r = V::fma(n, V::splat(-k::kLn2Lo), r);
+  F p = V::splat(k::kC[0]);
+  for (int i = 1; i < 7; ++i) p = V::fma(p, r, V::splat(k::kC[i]));
+  p = V::fma(p, r, V::splat(1.f));
+  // n is a whole number in [−150, 129]: converting it truncates nothing.
+  const I ni = __builtin_convertvector(n, I), n1 = ni >> 1, n2 = ni - n1;
+  const F s1 = (F)((n1 + 127) << 23), s2 = (F)((n2 + 127) << 23);
+  return x == x ? (p * s1) * s2 : x;
+}
+
+}  // namespace
+
 }  // namespace dsv4

@@ -212,52 +212,41 @@ void panel_fp8_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
     }
 }
 
-// F32 the same way, one value per lane: dword j is value k + j.
-template <bool kFull>
-void panel_f32_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
-  for (int64_t k0 = 0; k0 < w.in; k0 += 16)
+// F32 and BF16 the same way, with no scales: kPerDword values to a dword,
+// so a 64-byte line of a row holds 16 · kPerDword of them. F32 (1): dword j
+// is value k + j. BF16 (2): dword j is values k + 2j and k + 2j + 1, the low
+// half moved up the first, the high half with the low one cleared the second.
+template <bool kFull, int kPerDword>
+void panel_plain_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
+  constexpr int64_t kLine = 16 * kPerDword, kStep = 4 * kPerDword;  // values in 64 bytes, in 16 (dwords4)
+  for (int64_t k0 = 0; k0 < w.in; k0 += kLine)
     for (int h = 0; h < 2; ++h)
-      for (int64_t k = k0; k < std::min(w.in, k0 + 16); k += 4) {
+      for (int64_t k = k0; k < std::min(w.in, k0 + kLine); k += kStep) {
         __m256i v[4];
-        r[h].dwords4(4 * k, v);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) put8<kFull>(panel + (k + j) * kGemmNR + 8 * h, _mm256_castsi256_ps(v[j]), r[h]);
-      }
-}
-
-void panel_f32(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const Rows8 r[2] = {Rows8(w, o0, o_end, 4 * w.in, 0, 1, o0), Rows8(w, o0 + 8, o_end, 4 * w.in, 0, 1, o0)};
-  if (o0 + 16 <= o_end)
-    panel_f32_rows16<true>(w, r, panel);
-  else
-    panel_f32_rows16<false>(w, r, panel);
-}
-
-// BF16 the same way, 2 values per lane: the low half of a dword moved up is
-// value k, the high half with the low one cleared is value k + 1.
-template <bool kFull>
-void panel_bf16_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
-  const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
-  for (int64_t k0 = 0; k0 < w.in; k0 += 32)
-    for (int h = 0; h < 2; ++h)
-      for (int64_t k = k0; k < std::min(w.in, k0 + 32); k += 8) {
-        __m256i v[4];
-        r[h].dwords4(2 * k, v);
+        r[h].dwords4(k * (4 / kPerDword), v);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-          float* dst = panel + (k + 2 * j) * kGemmNR + 8 * h;
-          put8<kFull>(dst, _mm256_castsi256_ps(_mm256_slli_epi32(v[j], 16)), r[h]);
-          put8<kFull>(dst + kGemmNR, _mm256_castsi256_ps(_mm256_and_si256(v[j], hi)), r[h]);
+          float* dst = panel + (k + kPerDword * j) * kGemmNR + 8 * h;
+          if constexpr (kPerDword == 1) {
+            put8<kFull>(dst, _mm256_castsi256_ps(v[j]), r[h]);
+          } else {
+            const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
+            put8<kFull>(dst, _mm256_castsi256_ps(_mm256_slli_epi32(v[j], 16)), r[h]);
+            put8<kFull>(dst + kGemmNR, _mm256_castsi256_ps(_mm256_and_si256(v[j], hi)), r[h]);
+          }
         }
       }
 }
 
-void panel_bf16(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const Rows8 r[2] = {Rows8(w, o0, o_end, 2 * w.in, 0, 1, o0), Rows8(w, o0 + 8, o_end, 2 * w.in, 0, 1, o0)};
+// F32 (kPerDword 1) or BF16 (2) rows [o0, o0 + 16) to the panel.
+template <int kPerDword>
+void panel_plain(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  const int64_t row_bytes = w.in * (4 / kPerDword);
+  const Rows8 r[2] = {Rows8(w, o0, o_end, row_bytes, 0, 1, o0), Rows8(w, o0 + 8, o_end, row_bytes, 0, 1, o0)};
   if (o0 + 16 <= o_end)
-    panel_bf16_rows16<true>(w, r, panel);
+    panel_plain_rows16<true, kPerDword>(w, r, panel);
   else
-    panel_bf16_rows16<false>(w, r, panel);
+    panel_plain_rows16<false, kPerDword>(w, r, panel);
 }
 
 void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
@@ -299,8 +288,8 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   if (kind == Kind::kFP4 && kernel_isa() >= Isa::kAvx512) return panel_fp4_avx512(*this, o0, o_end, panel);
 #endif
   switch (kind) {
-    case Kind::kF32: return panel_f32(*this, o0, o_end, panel);
-    case Kind::kBF16: return panel_bf16(*this, o0, o_end, panel);
+    case Kind::kF32: return panel_plain<1>(*this, o0, o_end, panel);
+    case Kind::kBF16: return panel_plain<2>(*this, o0, o_end, panel);
     case Kind::kFP8: return panel_fp8(*this, o0, o_end, panel);
     case Kind::kFP4: return panel_fp4(*this, o0, o_end, panel);
   }

@@ -1,9 +1,10 @@
 // attend_query on AVX-512 (kernels/sparse_attention.h gives the definition
 // it keeps bit for bit). This file alone is compiled with -mavx512f (and
 // -mavx512bf16 where the compiler has it); like the gemm kernels it calls
-// no inline function of another header, nor std::vector's (an out-of-line
-// copy compiled here could be the one the linker keeps for every caller):
-// the caller owns the memory.
+// no inline function of another header with external linkage
+// (exp_f32_lanes, kernels/exp.h, has internal linkage), nor std::vector's
+// (an out-of-line copy compiled here could be the one the linker keeps for
+// every caller): the caller owns the memory.
 //
 // Layout: the scores are kept key-major, S[j][h], heads in vector lanes.
 // The keys are then the broadcast operand: a key row's pair dwords feed
@@ -33,24 +34,13 @@ constexpr int kScoreRows = 6;  // keys per score tile: 6 × 4 accumulators + 4 q
 constexpr int kMaxGroups = 4;  // 16-head vectors per score tile
 constexpr int kPvHeads = 8;    // heads per weighted-sum tile: 8 × 2 accumulators
 
-// exp_f32 (kernels/exp.h), the same operations 16 lanes at a time.
-__m512 exp16(__m512 x) {
-  namespace k = exp_f32_constants;
-  const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(k::kMin)), _mm512_set1_ps(k::kMax));
-  const __m512 n =
-      _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(k::kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(k::kLn2Hi), c);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(k::kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(k::kC[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k::kC[i]));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  const __m512i ni = _mm512_cvtps_epi32(n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
-  const __m512i bias = _mm512_set1_epi32(127);
-  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  // NaN stays NaN
-}
+// The 16-lane steps of exp_f32_lanes (kernels/exp.h).
+struct Lanes16 {
+  static __m512 splat(float v) { return _mm512_set1_ps(v); }
+  static __m512 clamp(__m512 x, __m512 lo, __m512 hi) { return _mm512_min_ps(_mm512_max_ps(x, lo), hi); }
+  static __m512 round(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+};
 
 // One key row's value i (even: a dword's high half, odd: its low half).
 __m512 key_value16(const uint32_t* row, int64_t i) {
@@ -262,13 +252,13 @@ void softmax_columns(float* S, int64_t nkeys, int64_t H, int64_t Hp, const float
     }
     __m512 den = _mm512_setzero_ps();
     for (int64_t j = 0; j < nkeys; ++j) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j * Hp), mx));
+      const __m512 e = exp_f32_lanes<Lanes16>(_mm512_sub_ps(_mm512_loadu_ps(s + j * Hp), mx));
       _mm512_storeu_ps(s + j * Hp, e);
       den = _mm512_add_ps(den, e);
     }
     const int64_t lanes = H - g * 16 < 16 ? H - g * 16 : 16;
     const __mmask16 m = __mmask16((1u << lanes) - 1);
-    den = _mm512_add_ps(den, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sinks + g * 16), mx)));
+    den = _mm512_add_ps(den, exp_f32_lanes<Lanes16>(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sinks + g * 16), mx)));
     for (int64_t j = 0; j < nkeys; ++j) _mm512_storeu_ps(s + j * Hp, _mm512_div_ps(_mm512_loadu_ps(s + j * Hp), den));
   }
 }

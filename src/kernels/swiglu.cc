@@ -23,25 +23,13 @@ float swiglu_one(float g, float u, float limit, float weight) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// exp_f32, the same operations 8 lanes at a time.
-__m256 exp8(__m256 x) {
-  namespace k = exp_f32_constants;
-  __m256 c = _mm256_max_ps(x, _mm256_set1_ps(k::kMin));
-  c = _mm256_min_ps(c, _mm256_set1_ps(k::kMax));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(k::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(k::kLn2Hi), c);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(k::kLn2Lo), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(k::kC[0]), r, _mm256_set1_ps(k::kC[1]));
-  for (int i = 2; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::kC[i]));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN stays NaN
-}
+// The 8-lane steps of exp_f32_lanes (kernels/exp.h).
+struct Lanes8 {
+  static __m256 splat(float v) { return _mm256_set1_ps(v); }
+  static __m256 clamp(__m256 x, __m256 lo, __m256 hi) { return _mm256_min_ps(_mm256_max_ps(x, lo), hi); }
+  static __m256 round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+};
 #endif
 
 }  // namespace
@@ -64,7 +52,7 @@ void swiglu_bf16(const float* g, const float* u, int64_t n, float limit, float w
       uv = _mm256_max_ps(minus_L, _mm256_min_ps(L, uv));
       gv = _mm256_min_ps(L, gv);
     }
-    const __m256 e = exp8(_mm256_xor_ps(gv, sign));
+    const __m256 e = exp_f32_lanes<Lanes8>(_mm256_xor_ps(gv, sign));
     _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv), w));
   }
 #endif
