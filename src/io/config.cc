@@ -74,20 +74,16 @@ double decimal(float f) {
 
 // The plain numeric fields, read by from_json and written by to_json from
 // this one list. An optional field takes its default when absent or null.
-struct IntField {
+template <class T>
+struct Field {
   const char* name;
-  int ModelConfig::*member;
-  int lo, hi;
-  bool optional = false;
-  int dflt = 0;
-};
-struct FloatField {
-  const char* name;
-  float ModelConfig::*member;
+  T ModelConfig::*member;
   double lo, hi;
   bool optional = false;
-  float dflt = 0.f;
+  T dflt = T();
 };
+using IntField = Field<int>;
+using FloatField = Field<float>;
 
 using C = ModelConfig;
 const IntField kIntFields[] = {
@@ -130,7 +126,7 @@ bool absent(const json& j, const char* field) { return !j.contains(field) || j[f
 
 void read_dimensions(const Reader& r, ModelConfig& c) {
   for (const IntField& f : kIntFields)
-    c.*f.member = f.optional && absent(r.j, f.name) ? f.dflt : r.integer(f.name, f.lo, f.hi);
+    c.*f.member = f.optional && absent(r.j, f.name) ? f.dflt : r.integer(f.name, int(f.lo), int(f.hi));
   for (const FloatField& f : kFloatFields)
     c.*f.member = f.optional && absent(r.j, f.name) ? f.dflt : r.number(f.name, f.lo, f.hi);
 }
