@@ -154,13 +154,18 @@ BenchModel plan_model(const BenchOptions& o) {
   return m;
 }
 
-std::unique_ptr<Engine> load_bench_engine(const BenchOptions& o, const std::string& dir, bool expert_parallel) {
+EngineOptions engine_options(const BenchOptions& o, const std::string& dir, bool expert_parallel) {
   EngineOptions eo;
   eo.model_dir = dir;
+  eo.threads = o.threads;
   eo.tile_tokens = o.tile_tokens;
   eo.chunk_tokens = o.chunk_tokens;
   eo.expert_parallel = expert_parallel;
-  return Engine::load(eo);
+  return eo;
+}
+
+std::unique_ptr<Engine> load_bench_engine(const BenchOptions& o, const std::string& dir, bool expert_parallel) {
+  return Engine::load(engine_options(o, dir, expert_parallel));
 }
 
 void check_lengths(const BenchOptions& o, const Engine& e) {
@@ -399,10 +404,8 @@ void print_report(const BenchOptions& o, const BenchReport& rep);
 
 int run_bench(const BenchOptions& o) {
   if (o.tokens.empty()) throw Error("bench needs at least one prompt length (--tokens)");
-  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
-  if (o.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
+  engine_options(o, o.model_dir, false).check();  // before any work
   if (o.gemm_reps < 1) throw Error("--gemm-reps must be >= 1");
-  if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024]");
   if (o.threads > 0) ThreadPool::set_threads(o.threads);
   if (dist::active()) return run_bench_ep(o);
   ThreadPool& pool = ThreadPool::global();

@@ -281,11 +281,8 @@ std::unique_ptr<Engine> load_engine(const Args& a, bool expert_parallel = false)
   o.model_dir = a.get("model");
   o.threads = threads_option(a);
   o.tile_tokens = a.get_int("tile-tokens", o.tile_tokens);
-  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
   o.chunk_tokens = a.get_int("chunk-tokens", o.chunk_tokens);
-  if (o.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
   o.max_positions = a.get_int("max-prompt", 0);
-  if (o.max_positions < 0) throw Error("--max-prompt must be >= 0");
   o.check_weights = a.has("check-weights");
   o.expert_parallel = expert_parallel;
   a.get_int_in("cache-pool-mb", 0, 0, kMaxCount, "2^30");  // checked before the model is read

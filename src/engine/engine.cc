@@ -41,14 +41,6 @@ namespace {
 
 volatile uint8_t g_page_in_sink = 0;  // keeps page_in_weights' reads
 
-void check_options(const EngineOptions& o) {
-  if (o.model_dir.empty()) throw Error("no model directory given (--model DIR)");
-  if (o.threads < 0 || o.threads > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(o.threads));
-  if (o.tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
-  if (o.chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
-  if (o.max_positions < 0) throw Error("--max-prompt must be >= 0");
-}
-
 // DIR/tokenizer.json, checked against the model's vocabulary, or null.
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& dir, const ModelConfig& c) {
   if (!Tokenizer::present_in(dir)) return nullptr;
@@ -61,11 +53,19 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& dir, const ModelCo
 
 }  // namespace
 
+void EngineOptions::check() const {
+  if (threads < 0 || threads > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(threads));
+  if (tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
+  if (chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
+  if (max_positions < 0) throw Error("--max-prompt must be >= 0");
+}
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
-  check_options(o);
+  if (o.model_dir.empty()) throw Error("no model directory given (--model DIR)");
+  o.check();
   if (o.threads > 0) ThreadPool::set_threads(o.threads);
   auto impl = std::make_unique<Impl>();
   impl->opts = o;

@@ -30,6 +30,10 @@ struct EngineOptions {
   // Under mpirun: hold this rank's share of the routed experts and run the
   // others through the MPI runner (PREFILL.md §4). Off: every expert here.
   bool expert_parallel = false;
+
+  // Throws dsv4::Error naming the first option out of range (the checks
+  // Engine::load makes before it reads anything).
+  void check() const;
 };
 
 class Engine;
