@@ -122,7 +122,8 @@ ThreadPool& ThreadPool::global() {
 void ThreadPool::set_threads(int threads) {
   std::lock_guard<std::mutex> l(g_pool_mu);
   g_requested_threads = threads;
-  g_pool.reset();
+  // A pool of that size stays: callers may hold a reference to it.
+  if (g_pool && g_pool->size() != threads) g_pool.reset();
 }
 
 }  // namespace dsv4

@@ -30,6 +30,8 @@ class ThreadPool {
   // The process-wide pool (created on first use with set_threads' count, or
   // hardware_concurrency).
   static ThreadPool& global();
+  // The global pool's size from now on: a pool of another size is replaced
+  // (references to it must not be used after), one of this size stays.
   static void set_threads(int threads);
 
  private:
