@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "io/config.h"
+#include "io/synthetic.h"
 #include "kernels/linear.h"
 #include "test_util.h"
 
@@ -208,16 +209,11 @@ inline std::vector<float> ref_hadamard(const float* x, int n) {
 // Reference RoPE (MODEL.md §5), fp32 exactly as the spec writes it
 // ===========================================================================
 
+// The tiny preset's RoPE (theta 1e4, compressed 1.6e5, YaRN factor 16 over
+// 65536, beta 32/1) with `rd` rotated dims.
 inline ModelConfig rope_config(int rd) {
-  ModelConfig c;
+  ModelConfig c = synthetic_config(SyntheticOptions{});
   c.qk_rope_head_dim = rd;
-  c.rope_theta = 10000.f;
-  c.compress_rope_theta = 160000.f;
-  c.rope_factor = 16.f;
-  c.rope_original_max_position = 65536;
-  c.rope_beta_fast = 32.f;
-  c.rope_beta_slow = 1.f;
-  c.rms_norm_eps = 1e-6f;
   return c;
 }
 
