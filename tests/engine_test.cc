@@ -47,8 +47,8 @@ TEST(EngineSession, AppendEqualsDriver) {
   PrefillOptions o;
   o.tile_tokens = 128;
   std::unique_ptr<Model> m = Model::load(testing::golden_dir());
+  auto pool = pool_for_request(*m, 300);  // outlives the state that holds its pages
   RequestState st;
-  auto pool = pool_for_request(*m, 300);
   st.init(*m, pool.get());
   const PrefillResult d = extend(*m, st, t, o);
   EXPECT_TRUE(same_logits(r, d));
