@@ -14,6 +14,7 @@
 
 #include "dist/mpi.h"
 #include "engine/request.h"
+#include "engine/sampler.h"
 #include "io/config.h"
 #include "io/tokenizer.h"
 
