@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
+#include "io/tokenizer.h"
 #include "test_util.h"
 
 namespace dsv4 {
@@ -237,6 +238,81 @@ TEST(CommandLine, ValueTakingOptionAtTheEnd) {
   const std::string m = " --model " + golden_dir();
   expect_clean_error(run_dsv4("prefill" + m + " --prompt hi --dump-logits"), "option --dump-logits needs a value");
   expect_clean_error(run_dsv4("generate" + m + " -p"), "option -p needs a value");
+}
+
+// generate's JSON object for `args` (with the golden model, ignoring eos).
+nlohmann::json generate_json(const std::string& args) {
+  auto r = run_dsv4("generate --model " + golden_dir() + " --prompt hello --ignore-eos --json " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output.substr(std::min(r.output.find('{'), r.output.size())), nullptr, false);
+  return j.is_object() ? j : nlohmann::json{{"error", r.output}};
+}
+
+TEST(Generate, SamplingIsReproducibleBySeed) {
+  const nlohmann::json greedy = generate_json("-n 8");
+  EXPECT_EQ(greedy["finish_reason"], "length");
+  EXPECT_EQ(generate_json("-n 8 --temp 0")["generated"], greedy["generated"]);
+  const auto a = generate_json("-n 8 --temp 0.8 --seed 7")["generated"];
+  EXPECT_EQ(a.size(), 8u) << a;
+  EXPECT_EQ(generate_json("-n 8 --temperature 0.8 -s 7")["generated"], a);
+  EXPECT_NE(generate_json("-n 8 --temp 0.8 --seed 8")["generated"], a);
+  EXPECT_NE(a, greedy["generated"]);
+  // top-k 1 is greedy at any temperature.
+  EXPECT_EQ(generate_json("-n 8 --temp 5 --top-k 1 --seed 3")["generated"], greedy["generated"]);
+}
+
+// A 2-layer synthetic model with a 256-token byte-level tokenizer (id = byte).
+std::string byte_model(const TempDir& tmp) {
+  const std::string dir = tmp / "bytes";
+  auto r = run_dsv4("gen-model --preset tiny --layers 2 --vocab 256 --shards 1 --out " + dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_alphabet()[size_t(b)]] = b;
+  nlohmann::json pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  nlohmann::json tok = {
+      {"version", "1.0"}, {"added_tokens", nlohmann::json::array()},
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}}},
+      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {pre}}}}, {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
+                 {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir + "/tokenizer.json") << tok.dump();
+  return dir;
+}
+
+TEST(Generate, StopStringsCutTheText) {
+  TempDir tmp;
+  const std::string m = " --model " + byte_model(tmp) + " --prompt hello --ignore-eos --json -n 40";
+  auto json_of = [&](const std::string& args) {
+    auto r = run_dsv4("generate" + m + args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    auto j = nlohmann::json::parse(r.output.substr(std::min(r.output.find('{'), r.output.size())), nullptr, false);
+    return j.is_object() ? j : nlohmann::json{{"text", "error: " + r.output}};
+  };
+  const nlohmann::json full = json_of("");
+  const std::string text = full["text"];
+  EXPECT_EQ(full["finish_reason"], "length");
+  // The last letter or digit of the text: a stop string the shell passes as it is.
+  const size_t at = text.find_last_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string stop = text.substr(at, 1);
+  const nlohmann::json j = json_of(" --stop " + stop + " --stop zzzzzzzz");
+  EXPECT_EQ(j["text"], text.substr(0, text.find(stop))) << j;
+  EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_LT(j["generated"].size(), 40u) << j;
+  EXPECT_EQ(json_of(" --stop zzzzzzzz")["text"], text);
+}
+
+TEST(Generate, BadSamplingOptionsFailCleanly) {
+  const std::string g = "generate --model " + golden_dir() + " --prompt hi ";
+  expect_clean_error(run_dsv4(g + "--temp -1"), "--temp must be");
+  expect_clean_error(run_dsv4(g + "--top-p 0"), "--top-p must be");
+  expect_clean_error(run_dsv4(g + "--min-p 2"), "--min-p must be");
+  expect_clean_error(run_dsv4(g + "--top-k -3"), "--top-k must be");
+  TempDir tmp;
+  ASSERT_EQ(run_dsv4("gen-model --preset tiny --layers 2 --vocab 300 --shards 1 --out " + (tmp / "m")).exit_code, 0);
+  expect_clean_error(run_dsv4("generate --model " + (tmp / "m") + " --tokens " + write_tokens(tmp, "t.json", "[1,2]") +
+                              " --stop x"),
+                     "tokenizer.json is missing");
 }
 
 }  // namespace

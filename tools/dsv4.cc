@@ -380,28 +380,65 @@ int cmd_prefill(const Options& a) {
   return 0;
 }
 
-void print_generation(const Options& a, const Engine& engine, const std::vector<int32_t>& generated, int64_t n_prompt,
+// What generate produced: the tokens, their text (cut before a stop string;
+// empty without a tokenizer) and why it ended ("stop" or "length").
+struct Generation {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish_reason = "length";
+};
+
+void print_generation(const Options& a, const Engine& engine, const Generation& g, int64_t n_prompt,
                       double prefill_s, double decode_s) {
+  const std::vector<int32_t>& generated = g.tokens;
   const double tps = decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
   const Tokenizer* tok = engine.tokenizer();
   if (a.has("json")) {
     json out = {{"n_prompt_tokens", n_prompt}, {"generated", generated}, {"prefill_seconds", prefill_s},
-                {"decode_seconds", decode_s}, {"tokens_per_second", tps}};
-    if (tok) out["text"] = utf8_lossy(tok->decode(generated));
+                {"decode_seconds", decode_s}, {"tokens_per_second", tps}, {"finish_reason", g.finish_reason}};
+    if (tok) out["text"] = g.text;
     std::cout << out.dump() << std::endl;
     return;
   }
   std::printf("generated:");
   for (int32_t t : generated) std::printf(" %d", t);
-  if (tok) std::printf("\ntext: %s", utf8_lossy(tok->decode(generated)).c_str());
+  if (tok) std::printf("\ntext: %s", g.text.c_str());
   std::printf("\nprefill: %lld tokens in %.3f s; decode: %zu tokens, %.1f tokens/s\n", (long long)n_prompt, prefill_s,
               generated.size(), tps);
 }
 
+// --temp, --top-k, --top-p, --min-p and --seed, checked.
+SamplingParams sampling_params(const Options& a) {
+  SamplingParams s;
+  s.temperature = float(a.get_number("temp", 0));
+  s.top_k = int(a.get_int_in("top-k", 0, 0, std::numeric_limits<int>::max()));
+  s.top_p = float(a.get_number("top-p", 1));
+  s.min_p = float(a.get_number("min-p", 0));
+  s.seed = uint64_t(a.get_int("seed", 0));
+  s.check();
+  return s;
+}
+
+// Decodes g->tokens into g->text; true (text cut before it) when it holds
+// one of `stops` (the earliest occurrence wins).
+bool hit_stop(const Tokenizer* tok, const std::vector<std::string>& stops, Generation* g) {
+  if (!tok) return false;
+  g->text = utf8_lossy(tok->decode(g->tokens));
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops) cut = std::min(cut, g->text.find(s));
+  if (cut == std::string::npos) return false;
+  g->text.resize(cut);
+  return true;
+}
+
 int cmd_generate(const Options& a) {
+  const SamplingParams sampling = sampling_params(a);
   std::vector<int32_t> tokens;
   std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
   const ModelConfig& c = engine->config();
+  const std::vector<std::string> stops = a.get_all("stop");
+  if (!stops.empty() && !engine->tokenizer())
+    throw Error("--stop needs the text: " + a.get("model") + "/tokenizer.json is missing");
   const int64_t K = a.get_int("max-new-tokens", 16);
   if (K < 1) throw Error("--max-new-tokens must be >= 1");
   const int64_t N = int64_t(tokens.size());
@@ -415,21 +452,24 @@ int cmd_generate(const Options& a) {
 
   size_cache_pool(a, *engine, engine->cache_bytes_for(N + K - 1));
   std::unique_ptr<Session> session = engine->new_session();
-  std::vector<int32_t> generated;
+  Generation g;
   std::vector<float> all_logits;
   auto t0 = std::chrono::steady_clock::now();
   PrefillResult r = session->append(tokens);
   auto t1 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < K; ++i) {
     if (a.has("dump-logits-all")) all_logits.insert(all_logits.end(), r.logits.begin(), r.logits.end());
-    generated.push_back(r.next_token);
-    if (i + 1 == K || (!a.has("ignore-eos") && r.next_token == c.eos_token_id)) break;
-    r = session->append({r.next_token});
+    const int32_t next = sample(r.logits, sampling, N + i);  // the position `next` will take
+    g.tokens.push_back(next);
+    const bool eos = !a.has("ignore-eos") && next == c.eos_token_id;
+    if (hit_stop(engine->tokenizer(), stops, &g) || eos) g.finish_reason = "stop";
+    if (i + 1 == K || g.finish_reason == "stop") break;
+    r = session->append({next});
   }
   auto t2 = std::chrono::steady_clock::now();
   if (a.has("dump-logits-all"))
-    write_npy(a.get("dump-logits-all"), all_logits.data(), {int64_t(generated.size()), c.vocab_size});
-  print_generation(a, *engine, generated, N, std::chrono::duration<double>(t1 - t0).count(),
+    write_npy(a.get("dump-logits-all"), all_logits.data(), {int64_t(g.tokens.size()), c.vocab_size});
+  print_generation(a, *engine, g, N, std::chrono::duration<double>(t1 - t0).count(),
                    std::chrono::duration<double>(t2 - t1).count());
   return 0;
 }
@@ -749,12 +789,19 @@ const CommandSpec kPrefill{
 
 const CommandSpec kGenerate{
     "generate",
-    "prefill, then decode greedily from the same caches",
+    "prefill, then decode from the same caches (greedy, or sampled with --temp)",
     "--model DIR (--tokens FILE.json | --prompt TEXT) [options]",
     "With DIR/tokenizer.json the generated text is printed too.",
     {kModel, kTokens, kPrompt, kChat, kThink, kSystem, kThreads, kTileTokens, kChunkTokens, kMaxPrompt, kCachePool,
      {"max-new-tokens", 'n', "K", "tokens to generate (default 16)"},
      {"ignore-eos", 0, "", "do not stop at eos_token_id"},
+     {"temp", 0, "T", "sampling temperature; 0 (the default) picks the most likely token", {"temperature"}},
+     {"top-k", 0, "K", "sample among the K most likely tokens only (default 0: all)"},
+     {"top-p", 0, "P", "sample among the smallest set of most likely tokens whose probability reaches P (default 1)"},
+     {"min-p", 0, "P", "drop tokens less likely than P times the most likely one (default 0)"},
+     {"seed", 's', "N", "seed of the draws; token i depends only on the seed and its position (default 0)"},
+     {"stop", 0, "STRING",
+      "end when the text contains STRING, printed cut before it (repeatable; needs DIR/tokenizer.json)", {}, true},
      {"dump-logits-all", 0, "OUT.npy",
       "float32 [K, vocab]: row i holds the logits token i was chosen from (row 0 from the prefill)"},
      {"json", 0, "", "one JSON object: generated, tokens_per_second, ..."}},

@@ -74,6 +74,10 @@ struct Reader {
   void fail(const std::string& msg) {
     if (error.empty()) error = msg;
   }
+  void put(const OptionSpec& o, const std::string& value) {
+    if (o.repeatable) out.add(o.name, value);
+    else out.set(o.name, value);
+  }
   // One option word (args[i]); takes its value from the next word if need be.
   void option(const std::string& word) {
     const bool is_long = word.rfind("--", 0) == 0;
@@ -87,9 +91,9 @@ struct Reader {
       if (eq != std::string::npos) return fail("option " + shown + " takes no value");
       return out.set(o->name, "1");
     }
-    if (eq != std::string::npos) return out.set(o->name, word.substr(eq + 1));
+    if (eq != std::string::npos) return put(*o, word.substr(eq + 1));
     if (i + 1 >= args.size()) return fail("option " + shown + " needs a value (" + o->value_name + ")");
-    out.set(o->name, args[++i]);
+    put(*o, args[++i]);
   }
   void run() {
     bool options_ended = false;
@@ -129,6 +133,12 @@ std::string spelling(const OptionSpec& o) {
 std::string Options::get(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;
+}
+
+std::vector<std::string> Options::get_all(const std::string& name) const {
+  auto it = lists_.find(name);
+  if (it != lists_.end()) return it->second;
+  return has(name) ? std::vector<std::string>{get(name)} : std::vector<std::string>{};
 }
 
 int64_t Options::get_int(const std::string& name, int64_t fallback) const {

@@ -16,6 +16,7 @@ struct OptionSpec {
   std::string value_name;  // "DIR", "N"; empty: a flag that takes no value
   std::string help;        // wrapped by the help printer; '\n' breaks a line
   std::vector<std::string> aliases = {};  // other long names for the same option
+  bool repeatable = false;  // each use adds a value (read with get_all); otherwise the last wins
 };
 
 // "--option needs --other" or "--option cannot be combined with --other".
@@ -53,13 +54,19 @@ class Options {
   // A decimal number; "option --k needs a number, got 'x'".
   double get_number(const std::string& name, double fallback) const;
 
+  // Every value a repeatable option was given, in order (one value for
+  // another option, none when absent).
+  std::vector<std::string> get_all(const std::string& name) const;
+
   void set(const std::string& name, const std::string& value) { values_[name] = value; }
-  void erase(const std::string& name) { values_.erase(name); }
+  void add(const std::string& name, const std::string& value) { values_[name] = value, lists_[name].push_back(value); }
+  void erase(const std::string& name) { values_.erase(name), lists_.erase(name); }
   void set_help() { help_ = true; }
 
  private:
   std::string command_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> lists_;  // repeatable options
   bool help_ = false;
 };
 
