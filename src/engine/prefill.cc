@@ -32,13 +32,6 @@ void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, i
                   ", outside [0, vocab_size = " + std::to_string(c.vocab_size) + ")");
 }
 
-int32_t argmax(const float* v, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;
-  return int32_t(best);
-}
-
 namespace {
 
 // One request's share of a chunk round: positions [p0, p0 + n) of its

@@ -13,6 +13,7 @@
 
 #include "core/cache_pool.h"
 #include "engine/request.h"
+#include "engine/sampler.h"
 #include "model/activations.h"
 #include "model/attention.h"
 #include "model/model.h"
@@ -81,8 +82,5 @@ std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens
 std::vector<uint8_t> cache_contents(const Model& model, const RequestState& st);
 // FNV-1a 64 of cache_contents: equal caches, equal checksums.
 uint64_t cache_checksum(const Model& model, const RequestState& st);
-
-// Greedy choice: the largest logit, the lower id on ties.
-int32_t argmax(const float* v, int64_t n);
 
 }  // namespace dsv4

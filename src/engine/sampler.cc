@@ -19,13 +19,7 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// The same scan as the engine's argmax (prefill.cc): first maximum wins.
-int32_t greedy(const std::vector<float>& v) {
-  size_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[best]) best = i;
-  return int32_t(best);
-}
+int32_t greedy(const std::vector<float>& v) { return argmax(v.data(), int64_t(v.size())); }
 
 // How many of `order` (ids by descending p) the top-k, top-p and min-p
 // filters keep; p is normalised over the whole vocabulary.
@@ -50,6 +44,13 @@ size_t kept_prefix(const std::vector<double>& p, const std::vector<int32_t>& ord
 }
 
 }  // namespace
+
+int32_t argmax(const float* v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return int32_t(best);
+}
 
 void SamplingParams::check() const {
   if (!std::isfinite(temperature) || temperature < 0)

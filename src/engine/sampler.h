@@ -21,6 +21,10 @@ struct SamplingParams {
   void check() const;
 };
 
+// Greedy choice: the largest logit, the lower id on ties (the engine's
+// next_token).
+int32_t argmax(const float* v, int64_t n);
+
 // A uniform double in [0, 1) that depends only on (seed, position).
 double counter_uniform(uint64_t seed, int64_t position);
 
