@@ -110,7 +110,7 @@ void Engine::page_in_weights() const {
 }
 
 size_t Engine::cache_bytes_for(int64_t positions) const {
-  return pool_for_request(*impl_->model, std::max<int64_t>(1, positions))->total_pages() * CachePool::kDefaultPageBytes;
+  return request_cache_bytes(*impl_->model, std::max<int64_t>(1, positions));
 }
 
 void Engine::set_cache_pool_bytes(size_t bytes) {

@@ -149,11 +149,15 @@ size_t RequestState::cache_bytes() const {
   return b;
 }
 
-std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens) {
+size_t request_cache_bytes(const Model& model, int64_t n_tokens) {
   CachePool probe(0);
   RequestState st;
   st.init(model, &probe);
-  return std::make_unique<CachePool>(st.pages_missing(model, n_tokens) * probe.page_bytes());
+  return st.pages_missing(model, n_tokens) * probe.page_bytes();
+}
+
+std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens) {
+  return std::make_unique<CachePool>(request_cache_bytes(model, n_tokens));
 }
 
 namespace {

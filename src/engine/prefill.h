@@ -74,6 +74,8 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
 PrefillResult prefill(const Model& model, const std::vector<int32_t>& tokens, const PrefillOptions& opts,
                       CachePool* pool = nullptr);
 
+// Bytes of the pages one request of n_tokens positions holds.
+size_t request_cache_bytes(const Model& model, int64_t n_tokens);
 // A pool sized for one request of n_tokens positions.
 std::unique_ptr<CachePool> pool_for_request(const Model& model, int64_t n_tokens);
 
