@@ -333,8 +333,8 @@ TEST(BadInput, TokenListsBeyondInt32OddJsonAndOverMaxPosition) {
       {"[0, 2147483648]", "token 1 = 2147483648 is out of range"},
       {"[0, 1.5]", "element 1 is not an integer"},
       {"[0, [1]]", "element 1 is not an integer"},
-      {"", "expected a JSON array"},
-      {"[0, 1", "expected a JSON array"},
+      {"", "invalid JSON at line 1, column 1: unexpected end of input"},
+      {"[0, 1", "invalid JSON at line 1, column 6: unexpected end of input"},
       {"[0, 1024]", "vocab_size"},
   };
   for (const auto& [text, needle] : rows) {

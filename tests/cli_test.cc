@@ -2,6 +2,10 @@
 // itself (options, help, errors).
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -22,6 +26,11 @@ using testing::TempDir;
 std::string write_tokens(const TempDir& tmp, const std::string& name, const std::string& json) {
   std::ofstream(tmp / name) << json;
   return tmp / name;
+}
+
+// Runs dsv4 with `input` on its standard input.
+testing::RunResult run_dsv4_stdin(const std::string& input, const std::string& args) {
+  return testing::run_command("printf '%s' '" + input + "' | " + std::string(DSV4_BIN) + " " + args + " 2>&1");
 }
 
 void expect_clean_error(const testing::RunResult& r, const std::string& needle) {
@@ -313,6 +322,171 @@ TEST(Generate, BadSamplingOptionsFailCleanly) {
   expect_clean_error(run_dsv4("generate --model " + (tmp / "m") + " --tokens " + write_tokens(tmp, "t.json", "[1,2]") +
                               " --stop x"),
                      "tokenizer.json is missing");
+}
+
+// ---- Streamed output and the speed summary --------------------------------------
+
+// Starts `sh -c "exec CMD"` with stdout on a pipe and returns the first bytes
+// that come through, with whether the process was still running then; the
+// process is killed afterwards. Output that is flushed per token arrives in
+// small pieces while the generation goes on; stdio's buffering of a pipe
+// would hold it back to 4096 bytes or to the exit.
+std::pair<std::string, bool> first_output(const std::string& cmd) {
+  int fds[2];
+  if (pipe(fds) != 0) return {"pipe failed", false};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd + " 2>/dev/null").c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[8192];
+  const ssize_t n = read(fds[0], buf, sizeof buf);
+  const bool running = waitpid(pid, nullptr, WNOHANG) == 0;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  close(fds[0]);
+  return {std::string(buf, size_t(std::max<ssize_t>(n, 0))), running};
+}
+
+TEST(Generate, StreamsEachTokenThroughAPipe) {
+  TempDir tmp;
+  // Ids (no tokenizer) and text (a byte-level tokenizer): 4000 tokens take
+  // seconds, the first one milliseconds.
+  for (const std::string& model : {golden_dir(), byte_model(tmp)}) {
+    const auto [first, running] =
+        first_output(std::string(DSV4_BIN) + " generate --model " + model + " --prompt hello --ignore-eos -n 4000");
+    EXPECT_TRUE(running) << model;
+    EXPECT_FALSE(first.empty()) << model;
+    EXPECT_LT(first.size(), 1000u) << model << ": " << first;
+  }
+}
+
+TEST(Generate, PipedTextIsTheJsonText) {
+  TempDir tmp;
+  const std::string args = "generate --model " + byte_model(tmp) + " --prompt hello --ignore-eos -n 60 --temp 1 -s 3";
+  auto j = nlohmann::json::parse(run_dsv4(args + " --json").output, nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  const std::string text = j["text"];
+  // A byte-level model at temperature 1 makes invalid UTF-8: the stream
+  // shows it as U+FFFD exactly as the whole text does.
+  auto r = testing::run_command(std::string(DSV4_BIN) + " " + args + " 2>/dev/null");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, text + "\n");
+  EXPECT_EQ(utf8_lossy(r.output), r.output);
+  // The ids without a tokenizer.
+  r = testing::run_command(std::string(DSV4_BIN) + " generate --model " + golden_dir() +
+                           " --prompt hello --ignore-eos -n 5 2>/dev/null");
+  const nlohmann::json j5 = generate_json("-n 5");
+  std::string ids;
+  for (const auto& id : j5["generated"]) ids += (ids.empty() ? "" : " ") + id.dump();
+  EXPECT_EQ(r.output, ids + "\n");
+}
+
+TEST(Generate, SpeedSummarySeparatesPromptFirstTokenAndDecode) {
+  const nlohmann::json one = generate_json("-n 1");
+  EXPECT_EQ(one["decode_tokens"], 0);
+  EXPECT_TRUE(one["decode_tokens_per_second"].is_null()) << one;
+  EXPECT_EQ(one["prompt_tokens"], 6);  // BOS + "hello" as bytes (no tokenizer)
+  const nlohmann::json three = generate_json("-n 3");
+  EXPECT_EQ(three["decode_tokens"], 2);
+  EXPECT_NEAR(three["decode_tokens_per_second"].get<double>() * three["decode_seconds"].get<double>(), 2.0, 1e-6);
+  EXPECT_NEAR(three["prompt_tokens_per_second"].get<double>() * three["prompt_seconds"].get<double>(), 6.0, 1e-6);
+  EXPECT_GE(three["time_to_first_token_seconds"].get<double>(), three["prompt_seconds"].get<double>());
+  // The text summary (stderr) says the same.
+  const std::string g = std::string(DSV4_BIN) + " generate --model " + golden_dir() + " --prompt hello --ignore-eos ";
+  auto r = testing::run_command(g + "-n 1 2>&1 >/dev/null");
+  EXPECT_NE(r.output.find("prompt: 6 tokens in "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("first token after "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("decode: 0 tokens"), std::string::npos) << r.output;
+  r = testing::run_command(g + "-n 3 2>&1 >/dev/null");
+  EXPECT_NE(r.output.find("decode: 2 tokens in "), std::string::npos) << r.output;
+}
+
+// One progress line on a terminal (script(1) gives the command one), none
+// on a pipe.
+TEST(Prefill, ProgressLineOnATerminalOnly) {
+  const std::string cmd = "DSV4_PROGRESS_DELAY_MS=0 " + std::string(DSV4_BIN) + " prefill --model " + golden_dir() +
+                          " --prompt 'a longer prompt than most' --tile-tokens 4 --chunk-tokens 8";
+  auto r = testing::run_command("script -qec \"" + cmd + "\" /dev/null");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\rprefill: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/26 tokens ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("next token: "), std::string::npos) << r.output;
+  r = testing::run_command(cmd + " 2>&1");
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+  r = testing::run_command("script -qec \"" + cmd + " --json\" /dev/null");
+  EXPECT_EQ(r.output.find("\rprefill: "), std::string::npos) << r.output;
+}
+
+// ---- Inputs ------------------------------------------------------------------------
+
+TEST(Inputs, PromptFileAndStandardInput) {
+  TempDir tmp;
+  const std::string p = "prefill --model " + golden_dir() + " --json ";
+  auto next = [&](const std::string& args) {
+    auto r = run_dsv4(args);
+    auto j = nlohmann::json::parse(r.output, nullptr, false);
+    return j.is_object() ? j["next_token"].dump() + "/" + j["n_tokens"].dump() : "error: " + r.output;
+  };
+  const std::string want = next(p + "--prompt 'two words'");
+  std::ofstream(tmp / "p.txt") << "two words";
+  EXPECT_EQ(next(p + "--prompt-file " + (tmp / "p.txt")), want);
+  EXPECT_EQ(next(p + "-f - < " + (tmp / "p.txt")), want);
+  // --tokens - and --requests -: the same ids.
+  std::string ids = "[0";
+  for (unsigned char ch : std::string("two words")) ids += "," + std::to_string(ch);
+  ids += "]";
+  auto r = run_dsv4_stdin(ids, p + "--tokens -");
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  EXPECT_EQ(j.is_object() ? j["next_token"].dump() + "/" + j["n_tokens"].dump() : r.output, want);
+  r = run_dsv4_stdin("[" + ids + "]", "prefill --model " + golden_dir() + " --requests - --json");
+  EXPECT_NE(r.output.find(want.substr(0, want.find('/'))), std::string::npos) << r.output;
+  expect_clean_error(run_dsv4(p + "--prompt x --prompt-file " + (tmp / "p.txt")), "exactly one of");
+  expect_clean_error(run_dsv4(p + "--prompt-file " + (tmp / "none.txt")), "none.txt: cannot open prompt file");
+}
+
+TEST(Inputs, JsonErrorsNameLineAndColumn) {
+  TempDir tmp;
+  const std::string p = "prefill --model " + golden_dir() + " --tokens ";
+  expect_clean_error(run_dsv4(p + write_tokens(tmp, "a.json", "[1,2\n")),
+                     "a.json: invalid JSON at line 1, column 5: unexpected end of input");
+  expect_clean_error(run_dsv4(p + write_tokens(tmp, "b.json", "[1,\n 2,\n x]")), "b.json: invalid JSON at line 3, column");
+  expect_clean_error(run_dsv4_stdin("[1 2]", p + "-"), "standard input: invalid JSON at line 1, column 4");
+  expect_clean_error(run_dsv4("prefill --model " + golden_dir() + " --requests " + write_tokens(tmp, "r.json", "[[1],")),
+                     "r.json: invalid JSON at line 1, column 6");
+}
+
+TEST(Inputs, FilesAndDirectoriesAreNamedAsSuch) {
+  TempDir tmp;
+  const std::string file = write_tokens(tmp, "t.json", "[0,1]");
+  expect_clean_error(run_dsv4("prefill --model " + file + " --prompt hi"), "t.json: is a file, not a model directory");
+  expect_clean_error(run_dsv4("info --model " + file), "t.json: is a file, not a model directory");
+  expect_clean_error(run_dsv4("prefill --model " + (tmp / "none") + " --prompt hi"), "none: no such model directory");
+  expect_clean_error(run_dsv4("prefill --model " + golden_dir() + " --tokens " + tmp.path.string()),
+                     "is a directory, not a token file");
+  expect_clean_error(run_dsv4("tokenize --model " + (tmp / "none") + " -p x"), "no such tokenizer file or model directory");
+}
+
+TEST(Inputs, EmptyPromptsAreRefusedAlike) {
+  TempDir tmp;
+  const std::string p = "prefill --model " + golden_dir();
+  expect_clean_error(run_dsv4(p + " --tokens " + write_tokens(tmp, "e.json", "[]")), "prompt is empty");
+  expect_clean_error(run_dsv4(p + " --prompt ''"), "prompt is empty");
+  std::ofstream(tmp / "e.txt") << "";
+  expect_clean_error(run_dsv4(p + " --prompt-file " + (tmp / "e.txt")), "prompt is empty");
+  expect_clean_error(run_dsv4("generate --model " + golden_dir() + " --prompt ''"), "prompt is empty");
+}
+
+TEST(Inputs, ContextLimitIsNamedForWhatItLimits) {
+  const std::string g = "generate --model " + golden_dir() + " --prompt hello -n 4 ";
+  for (const char* o : {"--max-context 8", "-c 8", "--max-prompt 8"})
+    expect_clean_error(run_dsv4(g + o), "needs 9 positions, more than the limit of 8 (--max-context");
+  EXPECT_EQ(run_dsv4(g + "--max-context 9 --json").exit_code, 0);
+  EXPECT_NE(run_dsv4("generate --help").output.find("prompt plus"), std::string::npos);
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ TEST(DecodeLimits, RequestLongerThanLimitIsRejected) {
   RequestState st;
   st.init(m, pool.get());
   PrefillOptions o;
-  o.max_prompt = 10;
+  o.max_positions = 10;
   std::vector<int32_t> tokens(10, 5);
   extend(m, st, tokens, o);
   EXPECT_THROW(extend(m, st, {5}, o), Error);

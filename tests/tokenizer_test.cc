@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/text_stream.h"
 #include "io/tokenizer.h"
 #include "test_util.h"
 
@@ -204,6 +205,61 @@ TEST(TokenizerUnit, ArbitraryBytesRoundTrip) {
   EXPECT_EQ(t->encode("ab"), (std::vector<int32_t>{t->token_id("ab")}));
 }
 
+// ---- TextStream: the text of tokens as they come --------------------------------------
+
+// Feeds `ids` one by one; returns the pieces, the last one from finish().
+std::vector<std::string> stream_pieces(const Tokenizer& t, const std::vector<int32_t>& ids,
+                                       const std::vector<std::string>& stops) {
+  TextStream s(t, stops);
+  std::vector<std::string> out;
+  for (int32_t id : ids) out.push_back(s.push(id));
+  out.push_back(s.finish());
+  return out;
+}
+
+TEST(TextStream, PiecesAreWholeCharactersAndAddUpToTheText) {
+  auto t = Tokenizer::from_json(small_tokenizer_json({}), "t");
+  std::mt19937 rng(11);
+  const std::string pool[] = {"a", "b", "é", "✓", "\xF0\x9F\x98\x80", "\xFF", "\x80", "\xC3", "\xE2\x82", "ab!", "\n"};
+  const std::vector<std::string> stops = {"b!", "\xE2\x9C\x93a", "zz"};
+  int stopped = 0;
+  for (int k = 0; k < 3000; ++k) {
+    std::string raw;
+    const int n = int(rng() % 16);
+    for (int i = 0; i < n; ++i) raw += pool[rng() % std::size(pool)];
+    const std::vector<std::string> pieces = stream_pieces(*t, ids_of(raw), stops);
+    std::string joined;
+    for (const std::string& p : pieces) {
+      ASSERT_EQ(utf8_lossy(p), p) << "case " << k;  // valid UTF-8 on its own
+      joined += p;
+    }
+    size_t cut = std::string::npos;
+    for (const std::string& st : stops) cut = std::min(cut, raw.find(st));
+    stopped += cut != std::string::npos;
+    ASSERT_EQ(joined, utf8_lossy(raw.substr(0, cut))) << "case " << k;
+  }
+  EXPECT_GT(stopped, 100);
+}
+
+TEST(TextStream, HoldsBackCutCharactersAndPossibleStops) {
+  auto t = Tokenizer::from_json(small_tokenizer_json({}), "t");
+  // "✓" is E2 9C 93: nothing until its last byte.
+  EXPECT_EQ(stream_pieces(*t, ids_of("x\xE2\x9C\x93y"), {}),
+            (std::vector<std::string>{"x", "", "", "✓", "y", ""}));
+  // "ab" may begin the stop "abc": held until "d" shows it does not.
+  EXPECT_EQ(stream_pieces(*t, ids_of("xabd"), {"abc"}), (std::vector<std::string>{"x", "", "", "abd", ""}));
+  // Once the stop appears nothing more comes.
+  TextStream s(*t, {"abc"});
+  for (int32_t id : ids_of("xabcdef")) s.push(id);
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.text(), "x");
+  // A character cut short at the end becomes U+FFFD.
+  EXPECT_EQ(stream_pieces(*t, ids_of("a\xE2\x9C"), {}), (std::vector<std::string>{"a", "", "", "\xEF\xBF\xBD"}));
+  EXPECT_EQ(utf8_incomplete_tail("a\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xE0\x80"), 0u);  // E0 80: an overlong form, never valid
+  EXPECT_EQ(utf8_incomplete_tail("a\xED\xA0"), 0u);  // a surrogate
+}
+
 TEST(TokenizerUnit, RejectsWhatItCannotHonour) {
   auto expect_error = [](const std::string& text, const std::string& needle) {
     try {
@@ -356,14 +412,17 @@ TEST(TokenizerCli, TokenizeAndDetokenize) {
   TempDir tmp;
   auto r = run_dsv4("tokenize --model " + v4_dir() + " --text 'Hello, world!'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output, "[19923,14,2058,3]\n");
+  EXPECT_EQ(r.output, "[0,19923,14,2058,3]\n");  // BOS first, as prefill --prompt has it
+  EXPECT_EQ(run_dsv4("tokenize --model " + v4_dir() + " -p 'Hello, world!' --no-bos").output, "[19923,14,2058,3]\n");
   r = run_dsv4("tokenize --model " + v4_dir() + " --chat --text Hello");
   EXPECT_EQ(r.output, "[0,128803,19923,128804,128822]\n");
   r = run_dsv4("tokenize --model " + v4_dir() + " --chat --think --system 'Be brief.' --text Hello");
   EXPECT_EQ(r.output, json(t->encode(render_v4_chat("Be brief.", "Hello", true))).dump() + "\n");
   const std::string file = write_file(tmp, "in.txt", "line one\nline two ✓\n");
-  r = run_dsv4("tokenize --model " + v4_dir() + "/tokenizer.json --file " + file);
+  r = run_dsv4("tokenize --no-bos --model " + v4_dir() + "/tokenizer.json --file " + file);
   EXPECT_EQ(r.output, json(t->encode("line one\nline two ✓\n")).dump() + "\n");
+  r = testing::run_command("printf 'line one' | " + std::string(DSV4_BIN) + " tokenize --no-bos -m " + v4_dir() + " -f -");
+  EXPECT_EQ(r.output, json(t->encode("line one")).dump() + "\n");
   r = run_dsv4("detokenize --model " + v4_dir() + " --tokens " +
                write_file(tmp, "t.json", "[0, 128803, 19923, 128804, 128822]"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -401,7 +460,7 @@ TEST(TokenizerCli, GenerateWithTheRealVocabulary) {
   r = run_dsv4("generate --model " + dir + " --chat --prompt 'Hello there' --max-new-tokens 4 --ignore-eos --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json out = json::parse(r.output);
-  EXPECT_EQ(out["n_prompt_tokens"], 6);  // BOS User Hello ␣there Assistant </think>
+  EXPECT_EQ(out["prompt_tokens"], 6);  // BOS User Hello ␣there Assistant </think>
   const auto gen = out["generated"].get<std::vector<int32_t>>();
   ASSERT_EQ(gen.size(), 4u);
   EXPECT_EQ(out["text"], utf8_lossy(t->decode(gen)));
@@ -409,6 +468,11 @@ TEST(TokenizerCli, GenerateWithTheRealVocabulary) {
   r = run_dsv4("prefill --model " + dir + " --prompt 'Hello there' --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json::parse(r.output)["n_tokens"], 3);
+  // tokenize's ids are the prompt's: tokenize > ids.json; prefill --tokens ids.json is prefill --prompt.
+  const std::string piped = testing::run_command(std::string(DSV4_BIN) + " tokenize -m " + dir + " -p 'Hello there' | " +
+                                                 DSV4_BIN + " prefill --json -m " + dir + " --tokens -").output;
+  EXPECT_EQ(json::parse(piped)["next_token"], json::parse(r.output)["next_token"]) << piped;
+  EXPECT_EQ(json::parse(piped)["n_tokens"], 3);
   r = run_dsv4("prefill --model " + dir + " --prompt 'Hello there'");
   EXPECT_NE(r.output.find("next token: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\""), std::string::npos) << r.output;  // ids come with their text

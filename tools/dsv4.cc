@@ -13,6 +13,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -34,10 +35,12 @@
 #include "io/sample_text.h"
 #include "io/synthetic.h"
 #include "io/text_file.h"
+#include "io/text_stream.h"
 #include "io/token_list.h"
 #include "io/tokenizer.h"
 #include "bench.h"
 #include "options.h"
+#include "progress.h"
 
 using namespace dsv4;
 using nlohmann::json;
@@ -58,16 +61,38 @@ std::vector<int32_t> bytes_to_tokens(const std::string& text, const ModelConfig&
   return t;
 }
 
-// The text a --prompt stands for: the prompt itself, or with --chat the V4
-// chat layout around it (the layout's own BOS included).
+// The text of --prompt, or of the file (or standard input) --prompt-file
+// names; with --chat, the V4 chat layout around it (its own BOS included).
+// An empty prompt is an error as an empty --tokens list is; an empty chat
+// turn is not empty.
 std::string prompt_text(const Options& a) {
-  if (!a.has("chat")) return a.get(a.has("prompt") ? "prompt" : "text");
-  return render_v4_chat(a.get("system"), a.get(a.has("prompt") ? "prompt" : "text"), a.has("think"));
+  const std::string text =
+      a.has("prompt-file") ? read_text_file(a.get("prompt-file"), "prompt file") : a.get("prompt");
+  if (a.has("chat")) return render_v4_chat(a.get("system"), text, a.has("think"));
+  if (text.empty())
+    throw Error(std::string(a.has("prompt-file") ? "--prompt-file " + a.get("prompt-file") : "--prompt") +
+                ": the prompt is empty: at least one token is needed");
+  return text;
 }
 
-// The prompt's token ids. With a tokenizer, a plain --prompt gets a BOS in
-// front (DeepSeek's tokenizer_config.json has add_bos_token: true), unless
-// the text already starts with one; --chat brings its own.
+// The ids of a prompt's text: a BOS in front (DeepSeek's
+// tokenizer_config.json has add_bos_token: true) unless `bos` < 0, the text
+// already starts with one, or --chat brought its own.
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text, bool chat, int32_t bos) {
+  const std::vector<int32_t> ids = tok.encode(text);
+  if (chat || bos < 0 || (!ids.empty() && ids[0] == bos)) return ids;
+  std::vector<int32_t> t{bos};
+  t.insert(t.end(), ids.begin(), ids.end());
+  return t;
+}
+
+// The tokenizer's BOS id, else the config's.
+int32_t bos_id(const Tokenizer& tok, int32_t fallback) {
+  return tok.token_id(kV4BosToken) >= 0 ? tok.token_id(kV4BosToken) : fallback;
+}
+
+// The prompt's token ids: --tokens as they are, or the text of --prompt /
+// --prompt-file through encode_prompt.
 std::vector<int32_t> prompt_tokens(const Options& a, const Engine& engine) {
   const ModelConfig& c = engine.config();
   const Tokenizer* tok = engine.tokenizer();
@@ -75,16 +100,10 @@ std::vector<int32_t> prompt_tokens(const Options& a, const Engine& engine) {
     if (a.has("chat")) throw Error("--chat needs --prompt TEXT (--tokens are used as they are)");
     return read_token_list(a.get("tokens"));
   }
-  if (!tok) {
-    if (a.has("chat")) throw Error("--chat needs a tokenizer.json in " + a.get("model"));
-    return bytes_to_tokens(a.get("prompt"), c);
-  }
-  const std::vector<int32_t> ids = tok->encode(prompt_text(a));
-  const int32_t bos = tok->token_id(kV4BosToken) >= 0 ? tok->token_id(kV4BosToken) : c.bos_token_id;
-  if (a.has("chat") || (!ids.empty() && ids[0] == bos)) return ids;
-  std::vector<int32_t> t{bos};
-  t.insert(t.end(), ids.begin(), ids.end());
-  return t;
+  if (!tok && a.has("chat")) throw Error("--chat needs a tokenizer.json in " + a.get("model"));
+  const std::string text = prompt_text(a);
+  if (!tok) return bytes_to_tokens(text, c);
+  return encode_prompt(*tok, text, a.has("chat"), bos_id(*tok, c.bos_token_id));
 }
 
 // A token's text for display: quoted, escaped, invalid UTF-8 as U+FFFD.
@@ -104,7 +123,7 @@ std::unique_ptr<Engine> load_engine(const Options& a, bool expert_parallel = fal
   o.threads = threads_option(a);
   o.tile_tokens = a.get_int("tile-tokens", o.tile_tokens);
   o.chunk_tokens = a.get_int("chunk-tokens", o.chunk_tokens);
-  o.max_positions = a.get_int("max-prompt", 0);
+  o.max_positions = a.get_int("max-context", 0);
   o.check_weights = a.has("check-weights");
   o.expert_parallel = expert_parallel;
   a.get_int_in("cache-pool-mb", 0, 0, kMaxCount, "2^30");  // checked before the model is read
@@ -120,7 +139,8 @@ void size_cache_pool(const Options& a, Engine& engine, size_t need) {
 // The engine and the prompt of --tokens / --prompt, checked against the limit.
 std::unique_ptr<Engine> load_engine_and_prompt(const Options& a, std::vector<int32_t>* tokens) {
   if (!a.has("model")) throw Error(a.command() + " needs --model DIR");
-  if (a.has("tokens") == a.has("prompt")) throw Error(a.command() + " needs exactly one of --tokens FILE or --prompt TEXT");
+  if (a.has("tokens") + a.has("prompt") + a.has("prompt-file") != 1)
+    throw Error(a.command() + " needs exactly one of --tokens FILE, --prompt TEXT or --prompt-file FILE");
   std::unique_ptr<Engine> engine = load_engine(a);
   *tokens = prompt_tokens(a, *engine);
   validate_prompt(engine->config(), *tokens, engine->position_limit());
@@ -182,9 +202,14 @@ double run_requests(const Options& a, Engine& engine, std::vector<RequestRun>& r
     batch_tokens.push_back(runs[i].tokens);
     index.push_back(i);
   }
+  // Under mpirun only rank 0 shows progress: the ranks move in step.
+  cli::ProgressLine progress(!a.has("json") && dist::rank() == 0);
+  AppendOptions what;
+  what.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<PrefillResult> got = engine.append_batch(batch, batch_tokens);
+  std::vector<PrefillResult> got = engine.append_batch(batch, batch_tokens, what);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.clear();
   for (size_t j = 0; j < index.size(); ++j) {
     RequestRun& r = runs[index[j]];
     r.result = std::move(got[j]);
@@ -363,12 +388,15 @@ int cmd_prefill(const Options& a) {
     what.teacher = teacher.data.data();
   }
 
+  cli::ProgressLine progress(!a.has("json"));
+  what.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   auto t0 = std::chrono::steady_clock::now();
   size_cache_pool(a, *engine, engine->cache_bytes_for(N));
   std::unique_ptr<Session> session = engine->new_session();
   PrefillResult r = session->append(tokens, what);
   const uint64_t checksum = session->cache_checksum();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.clear();
 
   if (std::getenv("DSV4_STAGES"))
     for (int i = 0; i < int(Stage::kCount); ++i)
@@ -380,31 +408,75 @@ int cmd_prefill(const Options& a) {
   return 0;
 }
 
-// What generate produced: the tokens, their text (cut before a stop string;
-// empty without a tokenizer) and why it ended ("stop" or "length").
+// What generate produced, and when.
 struct Generation {
   std::vector<int32_t> tokens;
-  std::string text;
-  std::string finish_reason = "length";
+  std::string text;                      // with a tokenizer; cut before a stop string
+  std::string finish_reason = "length";  // or "stop": eos or a stop string
+  int64_t prompt_tokens = 0;
+  double prompt_seconds = 0;       // the prefill
+  double first_token_seconds = 0;  // from the start of the prefill to the first token out
+  double decode_seconds = 0;       // from the first token out to the last: tokens.size() − 1 steps
+  int64_t decode_tokens() const { return int64_t(tokens.size()) - 1; }
 };
 
-void print_generation(const Options& a, const Engine& engine, const Generation& g, int64_t n_prompt,
-                      double prefill_s, double decode_s) {
-  const std::vector<int32_t>& generated = g.tokens;
-  const double tps = decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
-  const Tokenizer* tok = engine.tokenizer();
+// Writes the tokens as they come, flushed one by one: their text on a model
+// with a tokenizer (TextStream: whole characters only, nothing that may
+// still become a stop string; eos not shown), else their ids.
+struct TokenStream {
+  std::optional<TextStream> text;
+  bool print = true;  // false under --json: only the text is kept
+  bool started = false;
+
+  void write(const std::string& s) {
+    if (!print || s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  }
+  void add(int32_t id, bool eos) {
+    if (text) {
+      if (!eos) write(text->push(id));
+    } else {
+      write((started ? " " : "") + std::to_string(id));
+    }
+    started = true;
+  }
+  bool stopped() const { return text && text->stopped(); }
+  std::string finish() {
+    if (text) write(text->finish());
+    write("\n");
+    return text ? text->text() : std::string();
+  }
+};
+
+// The speed summary: on stderr after the streamed text, or one JSON object
+// on stdout (decode_tokens_per_second null when no token was decoded).
+void print_generation(const Options& a, const Engine& engine, const Generation& g) {
+  const int64_t decoded = g.decode_tokens();
+  const double prompt_tps = g.prompt_seconds > 0 ? double(g.prompt_tokens) / g.prompt_seconds : 0.0;
+  const double decode_tps = decoded > 0 && g.decode_seconds > 0 ? double(decoded) / g.decode_seconds : 0.0;
   if (a.has("json")) {
-    json out = {{"n_prompt_tokens", n_prompt}, {"generated", generated}, {"prefill_seconds", prefill_s},
-                {"decode_seconds", decode_s}, {"tokens_per_second", tps}, {"finish_reason", g.finish_reason}};
-    if (tok) out["text"] = g.text;
+    json out = {{"prompt_tokens", g.prompt_tokens},
+                {"prompt_seconds", g.prompt_seconds},
+                {"prompt_tokens_per_second", prompt_tps},
+                {"time_to_first_token_seconds", g.first_token_seconds},
+                {"generated", g.tokens},
+                {"decode_tokens", decoded},
+                {"decode_seconds", g.decode_seconds},
+                {"decode_tokens_per_second", decoded > 0 ? json(decode_tps) : json(nullptr)},
+                {"finish_reason", g.finish_reason}};
+    if (engine.tokenizer()) out["text"] = g.text;
     std::cout << out.dump() << std::endl;
     return;
   }
-  std::printf("generated:");
-  for (int32_t t : generated) std::printf(" %d", t);
-  if (tok) std::printf("\ntext: %s", g.text.c_str());
-  std::printf("\nprefill: %lld tokens in %.3f s; decode: %zu tokens, %.1f tokens/s\n", (long long)n_prompt, prefill_s,
-              generated.size(), tps);
+  std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tokens/s); first token after %.3f s\n",
+               (long long)g.prompt_tokens, g.prompt_seconds, prompt_tps, g.first_token_seconds);
+  if (decoded > 0)
+    std::fprintf(stderr, "decode: %lld tokens in %.3f s (%.1f tokens/s); finish: %s\n", (long long)decoded,
+                 g.decode_seconds, decode_tps, g.finish_reason.c_str());
+  else
+    std::fprintf(stderr, "decode: 0 tokens (the one token came from the prompt's logits); finish: %s\n",
+                 g.finish_reason.c_str());
 }
 
 // --temp, --top-k, --top-p, --min-p and --seed, checked.
@@ -419,16 +491,21 @@ SamplingParams sampling_params(const Options& a) {
   return s;
 }
 
-// Decodes g->tokens into g->text; true (text cut before it) when it holds
-// one of `stops` (the earliest occurrence wins).
-bool hit_stop(const Tokenizer* tok, const std::vector<std::string>& stops, Generation* g) {
-  if (!tok) return false;
-  g->text = utf8_lossy(tok->decode(g->tokens));
-  size_t cut = std::string::npos;
-  for (const std::string& s : stops) cut = std::min(cut, g->text.find(s));
-  if (cut == std::string::npos) return false;
-  g->text.resize(cut);
-  return true;
+// --max-new-tokens K, checked with the prompt against the position limit up
+// front: a generation that would run past it fails before any work.
+int64_t new_token_count(const Options& a, const Engine& engine, int64_t n_prompt) {
+  const int64_t K = a.get_int("max-new-tokens", 16);
+  if (K < 1) throw Error("--max-new-tokens must be >= 1");
+  const int64_t limit = engine.position_limit();
+  if (n_prompt + K - 1 > limit)
+    throw Error("a prompt of " + std::to_string(n_prompt) + " tokens plus " + std::to_string(K) +
+                " new tokens needs " + std::to_string(n_prompt + K - 1) + " positions, more than the limit of " +
+                std::to_string(limit) + " (--max-context, capped by max_position_embeddings)");
+  return K;
+}
+
+double seconds_between(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
+  return std::chrono::duration<double>(t1 - t0).count();
 }
 
 int cmd_generate(const Options& a) {
@@ -436,41 +513,41 @@ int cmd_generate(const Options& a) {
   std::vector<int32_t> tokens;
   std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
   const ModelConfig& c = engine->config();
-  const std::vector<std::string> stops = a.get_all("stop");
-  if (!stops.empty() && !engine->tokenizer())
-    throw Error("--stop needs the text: " + a.get("model") + "/tokenizer.json is missing");
-  const int64_t K = a.get_int("max-new-tokens", 16);
-  if (K < 1) throw Error("--max-new-tokens must be >= 1");
-  const int64_t N = int64_t(tokens.size());
-  // Check the whole request up front: a generation that would run past the
-  // limit fails before any work.
-  const int64_t limit = engine->position_limit();
-  if (N + K - 1 > limit)
-    throw Error("a prompt of " + std::to_string(N) + " tokens plus " + std::to_string(K) +
-                " new tokens needs " + std::to_string(N + K - 1) + " positions, more than the limit of " +
-                std::to_string(limit) + " (--max-prompt, capped by max_position_embeddings)");
-
-  size_cache_pool(a, *engine, engine->cache_bytes_for(N + K - 1));
-  std::unique_ptr<Session> session = engine->new_session();
+  TokenStream out;
+  out.print = !a.has("json");
+  if (engine->tokenizer()) out.text.emplace(*engine->tokenizer(), a.get_all("stop"));
+  else if (a.has("stop")) throw Error("--stop needs the text: " + a.get("model") + "/tokenizer.json is missing");
   Generation g;
+  g.prompt_tokens = int64_t(tokens.size());
+  const int64_t K = new_token_count(a, *engine, g.prompt_tokens);
+  size_cache_pool(a, *engine, engine->cache_bytes_for(g.prompt_tokens + K - 1));
+  std::unique_ptr<Session> session = engine->new_session();
   std::vector<float> all_logits;
-  auto t0 = std::chrono::steady_clock::now();
-  PrefillResult r = session->append(tokens);
-  auto t1 = std::chrono::steady_clock::now();
+  cli::ProgressLine progress(!a.has("json"));
+  AppendOptions what;
+  what.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  const auto t0 = std::chrono::steady_clock::now();
+  PrefillResult r = session->append(tokens, what);
+  g.prompt_seconds = seconds_between(t0, std::chrono::steady_clock::now());
+  progress.clear();
+  auto first = t0;
   for (int64_t i = 0; i < K; ++i) {
     if (a.has("dump-logits-all")) all_logits.insert(all_logits.end(), r.logits.begin(), r.logits.end());
-    const int32_t next = sample(r.logits, sampling, N + i);  // the position `next` will take
-    g.tokens.push_back(next);
+    const int32_t next = sample(r.logits, sampling, g.prompt_tokens + i);  // the position `next` will take
     const bool eos = !a.has("ignore-eos") && next == c.eos_token_id;
-    if (hit_stop(engine->tokenizer(), stops, &g) || eos) g.finish_reason = "stop";
+    g.tokens.push_back(next);
+    out.add(next, eos);
+    if (i == 0) first = std::chrono::steady_clock::now();
+    if (eos || out.stopped()) g.finish_reason = "stop";
     if (i + 1 == K || g.finish_reason == "stop") break;
     r = session->append({next});
   }
-  auto t2 = std::chrono::steady_clock::now();
+  g.first_token_seconds = seconds_between(t0, first);
+  g.decode_seconds = seconds_between(first, std::chrono::steady_clock::now());
+  g.text = out.finish();
   if (a.has("dump-logits-all"))
     write_npy(a.get("dump-logits-all"), all_logits.data(), {int64_t(g.tokens.size()), c.vocab_size});
-  print_generation(a, *engine, g, N, std::chrono::duration<double>(t1 - t0).count(),
-                   std::chrono::duration<double>(t2 - t1).count());
+  print_generation(a, *engine, g);
   return 0;
 }
 
@@ -517,6 +594,7 @@ int cmd_gen_model(const Options& a) {
 int cmd_info(const Options& a) {
   if (!a.has("model")) throw Error("info needs --model DIR");
   const std::string dir = a.get("model");
+  require_directory(dir, "model directory");
   const ModelConfig c = ModelConfig::load((std::filesystem::path(dir) / "config.json").string());
   // Opening maps the files and validates every header (offsets, sizes, dtypes).
   const Checkpoint ck = Checkpoint::open(dir);
@@ -582,21 +660,13 @@ int cmd_info(const Options& a) {
 
 // ---- The tokenizer commands ------------------------------------------------------
 
-std::string read_binary(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 int cmd_tokenize(const Options& a) {
   if (!a.has("model")) throw Error("tokenize needs --model DIR");
-  if (a.has("text") == a.has("file")) throw Error("tokenize needs exactly one of --text T or --file F");
+  if (a.has("prompt") == a.has("prompt-file"))
+    throw Error("tokenize needs exactly one of --prompt TEXT or --prompt-file FILE");
   auto tok = Tokenizer::load(a.get("model"));
-  Options b = a;  // prompt_text reads --text; a file's bytes take its place
-  if (a.has("file")) b.set("text", read_binary(a.get("file")));
-  std::cout << json(tok->encode(prompt_text(b))).dump() << std::endl;
+  const int32_t bos = a.has("no-bos") ? -1 : bos_id(*tok, -1);
+  std::cout << json(encode_prompt(*tok, prompt_text(a), a.has("chat"), bos)).dump() << std::endl;
   return 0;
 }
 
@@ -618,14 +688,14 @@ int cmd_make_tokenizer(const Options& a) {
     throw Error("make-tokenizer needs --base FILE, --added-tokens FILE and --out FILE");
   // (nlohmann::ordered_json would keep the key order, but its objects are
   // vectors: 128,000 vocab keys take it seconds. The vocab is re-spliced.)
-  json base = json::parse(read_binary(a.get("base")), nullptr, false);
-  if (base.is_discarded() || !base.is_object()) throw Error(a.get("base") + ": not a JSON object");
+  json base = parse_json(read_text_file(a.get("base"), "tokenizer file"), a.get("base"));
+  if (!base.is_object()) throw Error(a.get("base") + ": not a JSON object");
   if (!base.contains("model") || !base["model"].is_object() || !base["model"].contains("vocab") ||
       !base["model"]["vocab"].is_object())
     throw Error(a.get("base") + ": no model.vocab object");
   const std::string added_path = a.get("added-tokens");
-  json added = json::parse(read_binary(added_path), nullptr, false);
-  if (added.is_discarded() || !added.is_array()) throw Error(added_path + ": expected a JSON array");
+  const json added = parse_json(read_text_file(added_path, "added-token list"), added_path);
+  if (!added.is_array()) throw Error(added_path + ": expected a JSON array");
   json table = json::array();
   for (size_t i = 0; i < added.size(); ++i) {
     const json& e = added[i];
@@ -689,7 +759,7 @@ int cmd_bench_tokenizer(const Options& a) {
   auto t0 = std::chrono::steady_clock::now();
   auto tok = Tokenizer::load(a.get("model"));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string text = a.has("file") ? read_binary(a.get("file")) : mixed_text(size_t(chars));
+  const std::string text = a.has("file") ? read_text_file(a.get("file"), "text file") : mixed_text(size_t(chars));
   size_t n_chars = 0;
   for (unsigned char ch : text) n_chars += (ch & 0xC0) != 0x80;
   auto time_encode = [&](bool cold, size_t* n_tokens) {
@@ -722,10 +792,12 @@ using cli::OptionSpec;
 using cli::RuleSpec;
 
 const OptionSpec kModel{"model", 'm', "DIR", "checkpoint directory (config.json + safetensors)"};
-const OptionSpec kTokens{"tokens", 0, "FILE.json", "prompt as a JSON array of token ids"};
+const OptionSpec kTokens{"tokens", 0, "FILE.json", "prompt as a JSON array of token ids, used as they are (- reads "
+                         "standard input)"};
 const OptionSpec kPrompt{"prompt", 'p', "TEXT",
                          "prompt as text: with DIR/tokenizer.json, its tokens after a BOS token; without one, each "
                          "UTF-8 byte b becomes token id (b % vocab_size) after a BOS token (synthetic models only)"};
+const OptionSpec kPromptFile{"prompt-file", 'f', "FILE", "prompt as text, read from FILE (- reads standard input)"};
 const OptionSpec kChat{"chat", 0, "",
                        "--prompt is one user turn in the V4 chat layout\n"
                        "<｜begin▁of▁sentence｜>{system}<｜User｜>{prompt}<｜Assistant｜></think>\n"
@@ -737,7 +809,10 @@ const OptionSpec kTileTokens{"tile-tokens", 0, "T", "positions per tile (default
 const OptionSpec kChunkTokens{"chunk-tokens", 0, "C",
                               "positions per MoE step (default 2048, whole tiles; 0 = whole prompt): attention runs "
                               "tile by tile, the MoE once per chunk. Results do not depend on it"};
-const OptionSpec kMaxPrompt{"max-prompt", 0, "N", "longest accepted prompt (default: max_position_embeddings)"};
+const OptionSpec kMaxContext{"max-context", 'c', "N",
+                             "most positions a request may take, prompt plus new tokens (default: "
+                             "max_position_embeddings)",
+                             {"max-prompt"}};
 const OptionSpec kCachePool{"cache-pool-mb", 0, "MB",
                             "size of the paged cache pool (default: what the request needs); a full pool is a clean "
                             "error"};
@@ -753,7 +828,7 @@ const std::vector<RuleSpec> kChatRules = {{RuleSpec::kNeeds, "think", "chat"}, {
 std::vector<RuleSpec> prefill_rules() {
   std::vector<RuleSpec> r = kChatRules;
   r.push_back({RuleSpec::kNeeds, "ep-stats", "requests"});
-  for (const char* o : {"tokens", "prompt", "dump-hidden", "dump-residuals", "teacher-force", "top"})
+  for (const char* o : {"tokens", "prompt", "prompt-file", "dump-hidden", "dump-residuals", "teacher-force", "top"})
     r.push_back({RuleSpec::kConflicts, o, "requests"});
   return r;
 }
@@ -761,11 +836,11 @@ std::vector<RuleSpec> prefill_rules() {
 const CommandSpec kPrefill{
     "prefill",
     "run the prefill forward of a prompt and report the next token",
-    "--model DIR (--tokens FILE.json | --prompt TEXT | --requests FILE.json) [options]",
+    "--model DIR (--tokens FILE.json | --prompt TEXT | --prompt-file FILE | --requests FILE.json) [options]",
     "",
-    {kModel, kTokens, kPrompt, kChat, kThink, kSystem, kThreads,
+    {kModel, kTokens, kPrompt, kPromptFile, kChat, kThink, kSystem, kThreads,
      {"requests", 0, "FILE.json",
-      "several requests in one batch instead of --tokens/--prompt: a JSON list of token-id arrays or of "
+      "several requests in one batch instead of --tokens/--prompt (- reads standard input): a JSON list of token-id arrays or of "
       "{\"tokens\": [...]} / {\"prompt\": \"...\"} objects; they share each MoE step, each keeps its own caches. "
       "Prints one line (with --json one object: index, n_tokens, next_token, cache_bytes, cache_checksum or error) "
       "per request; --dump-logits DIR writes DIR/<index>.npy. A failed request is reported and the others still "
@@ -774,7 +849,7 @@ const CommandSpec kPrefill{
       "process would. An error that stops a rank ends the whole job (exit 2; the message names the rank)."},
      {"ep-stats", 0, "",
       "with --requests: one more line (JSON with --json) with the MoE steps, all-to-all bytes and seconds"},
-     kTileTokens, kChunkTokens, kMaxPrompt, kCachePool,
+     kTileTokens, kChunkTokens, kMaxContext, kCachePool,
      {"dump-logits", 0, "OUT.npy", "last row's logits, float32 [vocab]"},
      {"dump-hidden", 0, "OUT.npy", "final normalised hidden rows, float32 [N, hidden]"},
      {"dump-residuals", 0, "OUT.npy", "every layer's output residual stream, float32 [layers, N, hc, hidden]"},
@@ -790,9 +865,13 @@ const CommandSpec kPrefill{
 const CommandSpec kGenerate{
     "generate",
     "prefill, then decode from the same caches (greedy, or sampled with --temp)",
-    "--model DIR (--tokens FILE.json | --prompt TEXT) [options]",
-    "With DIR/tokenizer.json the generated text is printed too.",
-    {kModel, kTokens, kPrompt, kChat, kThink, kSystem, kThreads, kTileTokens, kChunkTokens, kMaxPrompt, kCachePool,
+    "--model DIR (--tokens FILE.json | --prompt TEXT | --prompt-file FILE) [options]",
+    "Prints the new tokens as they are made: their text with DIR/tokenizer.json (whole characters only; eos not "
+    "shown), else their ids. Then, on stderr: the prompt's tokens, seconds and tokens/s, the time to the first "
+    "token, and the decode tokens/s (tokens after the first, over the time from the first to the last). A long "
+    "prefill shows one progress line on a terminal.",
+    {kModel, kTokens, kPrompt, kPromptFile, kChat, kThink, kSystem, kThreads, kTileTokens, kChunkTokens, kMaxContext,
+     kCachePool,
      {"max-new-tokens", 'n', "K", "tokens to generate (default 16)"},
      {"ignore-eos", 0, "", "do not stop at eos_token_id"},
      {"temp", 0, "T", "sampling temperature; 0 (the default) picks the most likely token", {"temperature"}},
@@ -804,7 +883,10 @@ const CommandSpec kGenerate{
       "end when the text contains STRING, printed cut before it (repeatable; needs DIR/tokenizer.json)", {}, true},
      {"dump-logits-all", 0, "OUT.npy",
       "float32 [K, vocab]: row i holds the logits token i was chosen from (row 0 from the prefill)"},
-     {"json", 0, "", "one JSON object: generated, tokens_per_second, ..."}},
+     {"json", 0, "",
+      "one JSON object instead (nothing streamed): prompt_tokens, prompt_seconds, prompt_tokens_per_second, "
+      "time_to_first_token_seconds, generated (ids), text, decode_tokens, decode_seconds, decode_tokens_per_second "
+      "(null when no token was decoded), finish_reason"}},
     kChatRules};
 
 const CommandSpec kGenModel{
@@ -825,18 +907,27 @@ const CommandSpec kInfo{"info",
 const CommandSpec kTokenize{
     "tokenize",
     "print the token ids of a text as one JSON array",
-    "--model DIR (--text T | --file F) [options]",
-    "No BOS is added; --chat adds the template's.",
-    {kTokenizerDir, {"text", 0, "T", "the text"}, {"file", 0, "F", "the text: a file's bytes as they are"},
-     {"chat", 0, "", "the text is one user turn in the V4 chat layout, as for prefill"}, kThink, kSystem},
-    kChatRules};
+    "--model DIR (--prompt TEXT | --prompt-file FILE) [options]",
+    "The ids are those prefill and generate use for the same --prompt: a BOS in front (unless --no-bos), or the "
+    "chat layout's with --chat; `dsv4 tokenize ... > ids.json` then `prefill --tokens ids.json` is `prefill "
+    "--prompt`.",
+    {kTokenizerDir, {"prompt", 'p', "TEXT", "the text", {"text"}},
+     {"prompt-file", 'f', "FILE", "the text: a file's bytes as they are (- reads standard input)", {"file"}},
+     {"chat", 0, "", "the text is one user turn in the V4 chat layout, as for prefill"}, kThink, kSystem,
+     {"no-bos", 0, "", "the text's ids alone, without a BOS in front"}},
+    [] {
+      std::vector<RuleSpec> r = kChatRules;
+      r.push_back({RuleSpec::kConflicts, "no-bos", "chat"});
+      return r;
+    }()};
 
 const CommandSpec kDetokenize{
     "detokenize",
     "print the text of token ids",
     "--model DIR --tokens FILE.json [--skip-special]",
     "Invalid UTF-8 becomes U+FFFD; the text is followed by a newline.",
-    {kTokenizerDir, {"tokens", 0, "FILE.json", "the token ids, a JSON array"}, {"skip-special", 0, "", "leave out special tokens"}}};
+    {kTokenizerDir, {"tokens", 0, "FILE.json", "the token ids, a JSON array (- reads standard input)"},
+     {"skip-special", 0, "", "leave out special tokens"}}};
 
 const CommandSpec kMakeTokenizer{
     "make-tokenizer",
@@ -940,7 +1031,9 @@ std::string full_help() {
          "(projections, compressors, indexer, attention, gate, experts, hc, head).\n"
          "DSV4_ISA=scalar|avx2|avx512|avx512bf16 picks the GEMM kernel variant (default: the\n"
          "fastest this CPU runs); every variant gives the same bits, only the speed\n"
-         "differs.\n\n"
+         "differs.\n"
+         "DSV4_PROGRESS_DELAY_MS=N: show the prefill progress line (terminals only) after N ms\n"
+         "instead of 1000.\n\n"
          "Errors in input (files, config, prompt) print one line and exit with code 2.\n";
 }
 

@@ -7,6 +7,7 @@
 #include "core/thread_pool.h"
 #include "dist/ep.h"
 #include "engine/prefill.h"
+#include "io/text_file.h"
 #include "io/weight_check.h"
 #include "model/model.h"
 
@@ -25,10 +26,11 @@ struct Engine::Impl {
     PrefillOptions p;
     p.tile_tokens = opts.tile_tokens;
     p.chunk_tokens = opts.chunk_tokens;
-    p.max_prompt = opts.max_positions;
+    p.max_positions = opts.max_positions;
     p.keep_hidden = what.keep_hidden;
     p.keep_residuals = what.keep_residuals;
     p.teacher = what.teacher;
+    p.progress = what.progress;
     return p;
   }
 };
@@ -57,7 +59,7 @@ void EngineOptions::check() const {
   if (threads < 0 || threads > 1024) throw Error("--threads must be in [1, 1024], got " + std::to_string(threads));
   if (tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
   if (chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
-  if (max_positions < 0) throw Error("--max-prompt must be >= 0");
+  if (max_positions < 0) throw Error("--max-context must be >= 0");
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -74,6 +76,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
   ExpertRange held;
   const bool ep = o.expert_parallel && dist::active();
   if (ep) {
+    require_directory(o.model_dir, "model directory");
     const ModelConfig cfg = ModelConfig::load((std::filesystem::path(o.model_dir) / "config.json").string());
     held = dist::expert_range(cfg.n_routed_experts, dist::rank(), dist::size());
   }

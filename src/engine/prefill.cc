@@ -16,8 +16,8 @@
 
 namespace dsv4 {
 
-int64_t prompt_limit(const ModelConfig& c, int64_t max_prompt) {
-  return max_prompt > 0 ? std::min<int64_t>(max_prompt, c.max_position_embeddings) : c.max_position_embeddings;
+int64_t prompt_limit(const ModelConfig& c, int64_t max_positions) {
+  return max_positions > 0 ? std::min<int64_t>(max_positions, c.max_position_embeddings) : c.max_position_embeddings;
 }
 
 void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t limit, int64_t start) {
@@ -25,7 +25,7 @@ void validate_prompt(const ModelConfig& c, const std::vector<int32_t>& tokens, i
   if (start + int64_t(tokens.size()) > limit)
     throw Error("request of " + std::to_string(start + int64_t(tokens.size())) +
                 " tokens is longer than the limit of " + std::to_string(limit) +
-                " (--max-prompt, capped by max_position_embeddings)");
+                " (--max-context, capped by max_position_embeddings)");
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       throw Error("token " + std::to_string(i) + " has id " + std::to_string(tokens[i]) +
@@ -178,7 +178,7 @@ std::vector<RequestPlan> plan_requests(const Model& model, const std::vector<Req
   for (size_t q = 0; q < states.size(); ++q) {
     try {
       if (states[q]->n_tokens > 0 && opts.teacher) throw Error("teacher forcing needs a request that starts at position 0");
-      validate_prompt(c, tokens[q], prompt_limit(c, opts.max_prompt), states[q]->n_tokens);
+      validate_prompt(c, tokens[q], prompt_limit(c, opts.max_positions), states[q]->n_tokens);
       states[q]->reserve(model, states[q]->n_tokens + int64_t(tokens[q].size()));
     } catch (const Error& e) {
       res[q].error = e.what();
@@ -279,10 +279,11 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
   std::vector<PrefillResult> res(Q);
   const std::vector<RequestPlan> plans = plan_requests(model, states, tokens, opts, res);
   std::vector<int64_t> n_of_request(Q);
-  int64_t rounds = 0;
+  int64_t rounds = 0, total = 0, done = 0;
   for (size_t q = 0; q < Q; ++q) {
     n_of_request[q] = plans[q].n;
     if (plans[q].ok) rounds = std::max(rounds, ceil_div(plans[q].n, plans[q].chunk));
+    if (plans[q].ok) total += plans[q].n;
   }
   if (experts) rounds = experts->agree_rounds(rounds);
   BatchActivations local;
@@ -296,12 +297,14 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       if (opts.teacher && l > 0) copy_layer_rows(segs, row_floats, l - 1, n_of_request, opts.teacher, X);
       layer_forward(model, int(l), segs, round_tokens.data(), rows, X, experts, a.layer);
+      if (opts.progress) opts.progress(done + rows * (l + 1) / c.num_hidden_layers, total);
       if (opts.keep_residuals)
         for (const Segment& s : segs)
           std::memcpy(res[s.request].residuals.data() + (l * n_of_request[s.request] + s.i0) * row_floats,
                       X + s.row0 * row_floats, size_t(s.n * row_floats) * sizeof(float));
     }
     finish_round(model, segs, plans, opts, X, res);
+    done += rows;
   }
   return res;
 }

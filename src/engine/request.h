@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,16 +12,22 @@
 
 namespace dsv4 {
 
+// Called during a long append after each layer of each chunk with the
+// positions done so far (a chunk's positions count in proportion to its
+// layers done) and the positions of the whole call; on the calling thread.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
 struct PrefillOptions {
   int64_t tile_tokens = 128;      // 0 = the whole prompt in one tile
   // Positions per MoE step and request, rounded up to whole tiles; 0 = the
   // whole prompt. Large chunks let each expert see many rows per weight pass.
   int64_t chunk_tokens = 2048;
-  int64_t max_prompt = 0;         // longest request in positions; 0 = max_position_embeddings
+  int64_t max_positions = 0;      // longest request in positions; 0 = max_position_embeddings
   bool keep_hidden = false;       // all rows of the final normalised hidden
   bool keep_residuals = false;    // every layer's output residual stream
   // Teacher forcing: [layers][N][hc][D]; layer L > 0 takes IN[L−1] as input.
   const float* teacher = nullptr;
+  ProgressFn progress;
 };
 
 // What one append returns besides the last row's logits (dumps and the
@@ -30,6 +37,7 @@ struct AppendOptions {
   bool keep_residuals = false;    // every layer's output residual stream
   // Teacher forcing: [layers][N][hc][D]; layer L > 0 takes IN[L−1] as input.
   const float* teacher = nullptr;
+  ProgressFn progress;
 };
 
 struct PrefillResult {
@@ -41,9 +49,9 @@ struct PrefillResult {
   std::string error;             // batch calls: why this request failed (empty: it did not)
 };
 
-// The longest request accepted: max_prompt (0 = no own limit) capped by
+// The longest request accepted: max_positions (0 = no own limit) capped by
 // max_position_embeddings.
-int64_t prompt_limit(const ModelConfig& c, int64_t max_prompt);
+int64_t prompt_limit(const ModelConfig& c, int64_t max_positions);
 
 // Checks tokens to be appended at position `start` (non-empty, ids <
 // vocab_size, start + N <= limit) and throws dsv4::Error naming what is wrong.

@@ -231,9 +231,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
 }
 
 ModelConfig ModelConfig::load(const std::string& path) {
-  json j = json::parse(read_text_file(path, "config"), nullptr, false);
-  if (j.is_discarded()) throw Error(path + ": invalid JSON");
-  return from_json(j, path);
+  return from_json(parse_json(read_text_file(path, "config"), path), path);
 }
 
 json ModelConfig::to_json() const {

@@ -190,16 +190,16 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
 Checkpoint Checkpoint::open(const std::string& dir) {
   Checkpoint ck;
   ck.dir_ = dir;
+  require_directory(dir, "model directory");
   // The error_code overloads: the throwing ones would escape as
   // filesystem_error (e.g. on a permission problem), not as dsv4::Error.
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw Error(dir + ": model directory does not exist");
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
   json weight_map;
   if (fs::exists(index, ec)) {
-    json j = json::parse(read_text_file(index.string(), "shard index"), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw Error(index.string() + ": invalid JSON");
+    const json j = parse_json(read_text_file(index.string(), "shard index"), index.string());
+    if (!j.is_object()) throw Error(index.string() + ": expected a JSON object");
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": missing object 'weight_map'");
     weight_map = j["weight_map"];

@@ -14,8 +14,8 @@ namespace dsv4 {
 using nlohmann::json;
 
 std::vector<int32_t> parse_token_list(std::string_view text, const std::string& origin) {
-  json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_array()) throw Error(origin + ": expected a JSON array of token ids");
+  const json j = parse_json(text, origin);
+  if (!j.is_array()) throw Error(origin + ": expected a JSON array of token ids, got " + j.type_name());
   std::vector<int32_t> t;
   t.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
@@ -32,12 +32,12 @@ std::vector<int32_t> parse_token_list(std::string_view text, const std::string& 
 }
 
 std::vector<int32_t> read_token_list(const std::string& path) {
-  return parse_token_list(read_text_file(path, "token file"), path);
+  return parse_token_list(read_text_file(path, "token file"), input_name(path));
 }
 
 std::vector<RequestSpec> parse_request_list(std::string_view text, const std::string& origin) {
-  json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_array())
+  const json j = parse_json(text, origin);
+  if (!j.is_array())
     throw Error(origin + ": expected a JSON list of requests (token-id arrays or {\"tokens\"|\"prompt\"} objects)");
   std::vector<RequestSpec> out(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
@@ -59,7 +59,7 @@ std::vector<RequestSpec> parse_request_list(std::string_view text, const std::st
 }
 
 std::vector<RequestSpec> read_request_list(const std::string& path) {
-  return parse_request_list(read_text_file(path, "requests file"), path);
+  return parse_request_list(read_text_file(path, "requests file"), input_name(path));
 }
 
 }  // namespace dsv4

@@ -665,13 +665,15 @@ Tokenizer::~Tokenizer() = default;
 bool Tokenizer::present_in(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "tokenizer.json"); }
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
-  const std::string file = fs::is_directory(path) ? (fs::path(path) / "tokenizer.json").string() : path;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path + ": no such tokenizer file or model directory");
+  const std::string file = fs::is_directory(path, ec) ? (fs::path(path) / "tokenizer.json").string() : path;
   return from_json(read_text_file(file, "tokenizer file"), file);
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string& origin) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(origin + ": not a JSON object");
+  const json j = parse_json(text, origin);
+  if (!j.is_object()) throw Error(origin + ": not a JSON object");
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   t->impl_->origin = origin;
   try {

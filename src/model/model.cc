@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include "io/text_file.h"
+
 namespace dsv4 {
 
 RopeParams rope_params(const ModelConfig& c, bool compressed) {
@@ -18,6 +20,7 @@ RopeParams rope_params(const ModelConfig& c, bool compressed) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, ExpertRange experts) {
+  require_directory(dir, "model directory");
   auto m = std::make_unique<Model>();
   m->config = ModelConfig::load((std::filesystem::path(dir) / "config.json").string());
   m->checkpoint = Checkpoint::open(dir);
