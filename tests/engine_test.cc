@@ -122,5 +122,55 @@ TEST(EngineSession, PoolCannotBeResizedUnderLiveSessions) {
   EXPECT_NO_THROW(engine->set_cache_pool_bytes(1 << 20));
 }
 
+// Streams decoding together (one append_batch per step, every weight read
+// once for all of them) give each stream the bits it gets alone, while
+// streams join and leave: a stream's prompt is prefilled in the same batch
+// as other streams' decode steps, and finished streams drop out.
+TEST(EngineDecode, StreamsTogetherEqualStreamsAlone) {
+  constexpr int kStreams = 16, kSteps = 5;
+  auto engine = golden_engine();
+  engine->set_cache_pool_bytes(2 * kStreams * engine->cache_bytes_for(300));
+  const int vocab = int(engine->config().vocab_size);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < kStreams; ++s) prompts.push_back(prompt(1 + (s * 37) % 260, vocab, s));
+  // Alone: each stream prefilled, then greedy for kSteps tokens.
+  std::vector<std::vector<PrefillResult>> alone(kStreams);
+  for (int s = 0; s < kStreams; ++s) {
+    auto session = engine->new_session();
+    alone[s].push_back(session->append(prompts[size_t(s)]));
+    for (int i = 0; i < kSteps; ++i) alone[s].push_back(session->append({alone[s].back().next_token}));
+  }
+  // Together: stream s joins at step s % 3 (its prompt in the same batch as
+  // the others' decode steps) and leaves after its kSteps tokens.
+  std::vector<std::unique_ptr<Session>> sessions(kStreams);
+  std::vector<std::vector<PrefillResult>> together(kStreams);
+  for (int step = 0; step < kSteps + 3; ++step) {
+    std::vector<Session*> batch;
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int> who;
+    for (int s = 0; s < kStreams; ++s) {
+      if (step == s % 3) {
+        sessions[size_t(s)] = engine->new_session();
+        tokens.push_back(prompts[size_t(s)]);
+      } else if (step > s % 3 && int(together[s].size()) <= kSteps) {
+        tokens.push_back({together[s].back().next_token});
+      } else {
+        continue;
+      }
+      batch.push_back(sessions[size_t(s)].get());
+      who.push_back(s);
+    }
+    std::vector<PrefillResult> got = engine->append_batch(batch, tokens);
+    for (size_t j = 0; j < who.size(); ++j) together[who[j]].push_back(std::move(got[j]));
+  }
+  for (int s = 0; s < kStreams; ++s) {
+    ASSERT_EQ(together[s].size(), alone[s].size()) << "stream " << s;
+    for (size_t i = 0; i < alone[s].size(); ++i) {
+      EXPECT_EQ(together[s][i].next_token, alone[s][i].next_token) << "stream " << s << " token " << i;
+      EXPECT_TRUE(same_logits(together[s][i], alone[s][i])) << "stream " << s << " token " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsv4
