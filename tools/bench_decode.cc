@@ -43,10 +43,24 @@ void count_bytes(const Engine& e, int64_t first, int64_t passes, DecodeRun& r) {
     r.shared_weight_bytes += b.shared_weights() / n;
     r.cache_bytes += double(r.streams) * b.cache() / n;
   }
-  const DecodeBytes b0 = e.decode_step_bytes(first);
   r.routed_expert_passes = double(passes) / n;
   r.routed_expert_bytes = r.routed_expert_passes * routed_expert_bytes(e.config(), e.weight_formats());
-  r.bytes_per_token_1 = b0.total();
+  r.one_stream = e.decode_step_bytes(first);
+}
+
+json parts_json(const DecodeBytes& b) {
+  return {{"attention", b.attention},
+          {"compressors", b.compressors},
+          {"indexer", b.indexer},
+          {"hc", b.hc},
+          {"gate", b.gate},
+          {"routed_experts", b.routed_experts},
+          {"shared_experts", b.shared_experts},
+          {"head", b.head},
+          {"window", b.window},
+          {"compressed", b.compressed},
+          {"indexer_rows", b.indexer_rows},
+          {"compressor_ring", b.compressor_ring}};
 }
 
 }  // namespace
@@ -87,7 +101,8 @@ json decode_runs_json(const std::vector<DecodeRun>& runs, double gbps) {
                  {"routed_expert_bytes_per_step", r.routed_expert_bytes},
                  {"routed_expert_passes_per_step", r.routed_expert_passes},
                  {"cache_bytes_per_step", r.cache_bytes},
-                 {"bytes_per_token_one_stream", r.bytes_per_token_1},
+                 {"bytes_per_token_one_stream", r.one_stream.total()},
+                 {"bytes_per_token_one_stream_by_part", parts_json(r.one_stream)},
                  {"achieved_gbps", r.bytes_per_step() * double(r.steps) / r.seconds / 1e9},
                  {"bandwidth_fraction", r.bandwidth_fraction(gbps)},
                  {"limit_tokens_per_second", r.limit_tokens_per_second(gbps)}});
@@ -111,7 +126,7 @@ void print_decode_runs(const std::vector<DecodeRun>& runs, const BandwidthResult
   if (!runs.empty())
     std::printf("  one stream alone reads %.1f MB per token (at position %lld); 'experts': routed expert passes\n"
                 "  per step over all layers, measured\n",
-                runs.front().bytes_per_token_1 / 1e6, (long long)runs.front().context + 1);
+                runs.front().one_stream.total() / 1e6, (long long)runs.front().context + 1);
 }
 
 }  // namespace dsv4

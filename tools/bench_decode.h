@@ -22,7 +22,7 @@ struct DecodeRun {
   double routed_expert_bytes = 0;   // per step: the routed experts the step ran (measured passes)
   double routed_expert_passes = 0;  // per step, all layers
   double cache_bytes = 0;           // per step, all sessions
-  double bytes_per_token_1 = 0;     // one session alone, k experts per layer (decode_step_bytes)
+  DecodeBytes one_stream;           // one session alone at the first timed position, by part
 
   double bytes_per_step() const { return shared_weight_bytes + routed_expert_bytes + cache_bytes; }
   double tokens_per_second() const { return double(streams) * double(steps) / seconds; }
