@@ -122,5 +122,67 @@ TEST(Bench, BadOptionsFailCleanly) {
       << r.output;
 }
 
+// --decode on the tiny preset: the fields, and the byte counts that do not
+// depend on timing (one stream runs exactly k experts in every layer).
+TEST(Bench, DecodeJson) {
+  auto r = run_stdout("bench --preset tiny --decode --streams 1,2 --context 16 --decode-tokens 2 --json "
+                      "--peak-seconds 0.02 --bandwidth-mb 64 --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  EXPECT_FALSE(j.contains("prefill"));
+  EXPECT_FALSE(j.contains("gemm"));
+  const double gbps = j.at("read_bandwidth_gbps").get<double>();
+  EXPECT_GT(gbps, 0.0);
+  EXPECT_EQ(j.at("read_bandwidth").at("buffer_bytes").get<int64_t>(), int64_t(64) << 20);
+  ASSERT_TRUE(j.contains("decode") && j["decode"].is_array());
+  ASSERT_EQ(j["decode"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json& d = j["decode"][i];
+    EXPECT_EQ(d.at("streams").get<int>(), int(i) + 1);
+    EXPECT_EQ(d.at("context").get<int64_t>(), 16);
+    EXPECT_EQ(d.at("steps").get<int64_t>(), 2);
+    for (const char* k : {"tokens_per_second", "bandwidth_fraction", "bytes_per_step", "limit_tokens_per_second",
+                          "cache_bytes_per_step", "shared_weight_bytes_per_step", "seconds"})
+      EXPECT_GT(d.at(k).get<double>(), 0.0) << k;
+    EXPECT_NEAR(d["bytes_per_step"].get<double>(),
+                d["shared_weight_bytes_per_step"].get<double>() + d["routed_expert_bytes_per_step"].get<double>() +
+                    d["cache_bytes_per_step"].get<double>(),
+                1e-6 * d["bytes_per_step"].get<double>());
+    EXPECT_NEAR(d["limit_tokens_per_second"].get<double>(),
+                (i + 1) * gbps * 1e9 / d["bytes_per_step"].get<double>(), 1e-6 * d["limit_tokens_per_second"].get<double>());
+    EXPECT_NEAR(d["bandwidth_fraction"].get<double>(),
+                d["tokens_per_second"].get<double>() / d["limit_tokens_per_second"].get<double>(), 1e-9);
+  }
+  // Tiny: 4 layers, top-2 of 8 experts, one FP4 expert 52224 bytes.
+  const json& one = j["decode"][0];
+  EXPECT_EQ(one["routed_expert_passes_per_step"].get<double>(), 8.0);
+  EXPECT_EQ(one["routed_expert_bytes_per_step"].get<double>(), 8 * 52224.0);
+  EXPECT_NEAR(one["bytes_per_step"].get<double>(), one["bytes_per_token_one_stream"].get<double>(),
+              1e-2 * one["bytes_per_step"].get<double>());
+  const double two = j["decode"][1]["routed_expert_passes_per_step"].get<double>();
+  EXPECT_GE(two, 8.0);
+  EXPECT_LE(two, 16.0);
+  EXPECT_NEAR(j["decode"][1]["cache_bytes_per_step"].get<double>(), 2 * one["cache_bytes_per_step"].get<double>(),
+              1e-9 * one["cache_bytes_per_step"].get<double>());
+}
+
+TEST(Bench, DecodeBadOptionsFailCleanly) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"bench --preset tiny --decode --streams 0", "dsv4: error: --streams: expected a positive integer, got '0'"},
+      {"bench --preset tiny --decode --streams 1,x", "dsv4: error: --streams: expected a positive integer, got 'x'"},
+      {"bench --preset tiny --decode --context 0", "dsv4: error: --context must be in [1, 2^31], got 0"},
+      {"bench --preset tiny --decode --context 65520 --decode-tokens 32",
+       "dsv4: error: --context 65520: with --decode-tokens 32 and one untimed step the sessions reach 65553 "
+       "positions, over the model's limit of 65536 (max_position_embeddings)"},
+      {"bench --preset tiny --streams 4", "dsv4: error: --streams needs --decode"},
+      {"bench --preset tiny --decode --tokens 16", "dsv4: error: --tokens cannot be combined with --decode"}};
+  for (const auto& [args, want] : cases) {
+    auto r = run_dsv4(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(want + "\n"), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace dsv4

@@ -18,7 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_decode.h"
 #include "core/arith.h"
+#include "core/bandwidth.h"
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/peak.h"
@@ -166,6 +168,24 @@ EngineOptions engine_options(const BenchOptions& o, const std::string& dir, bool
 
 std::unique_ptr<Engine> load_bench_engine(const BenchOptions& o, const std::string& dir, bool expert_parallel) {
   return Engine::load(engine_options(o, dir, expert_parallel));
+}
+
+// Writes the preset's checkpoint when there is one, then loads the engine
+// (two progress steps, or one for --model).
+std::unique_ptr<Engine> generate_and_load(const BenchOptions& o, Progress& progress, BenchModel& model) {
+  if (model.tmp) {
+    progress.begin("generating the model");
+    const auto t0 = Clock::now();
+    write_synthetic_model(model.dir, model.synthetic);
+    model.generate_seconds = since(t0);
+    progress.end();
+  }
+  progress.begin("loading the model");
+  const auto t0 = Clock::now();
+  std::unique_ptr<Engine> engine = load_bench_engine(o, model.dir, false);
+  model.load_seconds = since(t0);
+  progress.end();
+  return engine;
 }
 
 void check_lengths(const BenchOptions& o, const Engine& e) {
@@ -400,6 +420,76 @@ void measure_prefills(const BenchOptions& o, Progress& progress, Engine& e, Benc
 json report_json(const BenchOptions& o, const BenchReport& rep);
 void print_report(const BenchOptions& o, const BenchReport& rep);
 
+// ---- Decode ----------------------------------------------------------------------------
+
+// Every session of a --decode run ends at context + 1 + decode_tokens
+// positions (the prompt, one untimed step, the timed ones).
+void check_decode_lengths(const BenchOptions& o, const Engine& e) {
+  const int64_t end = o.context + 1 + o.decode_tokens;
+  if (end > e.position_limit())
+    throw Error("--context " + std::to_string(o.context) + ": with --decode-tokens " +
+                std::to_string(o.decode_tokens) + " and one untimed step the sessions reach " + std::to_string(end) +
+                " positions, over the model's limit of " + std::to_string(e.position_limit()) +
+                " (max_position_embeddings)");
+}
+
+json decode_report_json(const BenchModel& model, const Engine& e, const BandwidthResult& bw, double bw_start,
+                        double bw_end, const std::vector<DecodeRun>& runs, double total_seconds) {
+  const ModelConfig& cfg = e.config();
+  json m = {{"source", model.source},           {"layers", cfg.num_hidden_layers},
+            {"hidden_size", cfg.hidden_size},   {"n_routed_experts", cfg.n_routed_experts},
+            {"vocab_size", cfg.vocab_size},     {"checkpoint_bytes", e.checkpoint_bytes()},
+            {"load_seconds", model.load_seconds}};
+  return {{"model", m},
+          {"threads", bw.threads},
+          {"read_bandwidth_gbps", bw.gbps},
+          {"read_bandwidth",
+           {{"gbps", bw.gbps}, {"gbps_start", bw_start}, {"gbps_end", bw_end}, {"buffer_bytes", bw.buffer_bytes},
+            {"llc_bytes", bw.llc_bytes}, {"threads", bw.threads}}},
+          {"decode", decode_runs_json(runs, bw.gbps)},
+          {"total_seconds", total_seconds}};
+}
+
+// --decode: the read bandwidth at the start and at the end (the larger
+// counts: other processes lower it), between them one prompt of --context
+// tokens prefilled once and every --streams count decoded from forks of it.
+int run_bench_decode(const BenchOptions& o) {
+  if (dist::active()) throw Error("bench --decode runs in one process, not under mpirun");
+  ThreadPool& pool = ThreadPool::global();
+  BenchModel model = plan_model(o);
+  Progress progress(4 + (model.tmp ? 1 : 0) + int(o.streams.size()));
+  const auto t_all = Clock::now();
+  std::unique_ptr<Engine> e = generate_and_load(o, progress, model);
+  check_decode_lengths(o, *e);  // before any timing
+  progress.begin("read bandwidth", 4 * o.peak_seconds);
+  BandwidthResult bw = measure_read_bandwidth(pool, o.peak_seconds, o.bandwidth_bytes);
+  const double bw_start = bw.gbps;
+  progress.end();
+  progress.begin("page-in, prefill N=" + std::to_string(o.context));
+  e->page_in_weights();
+  const int64_t most = *std::max_element(o.streams.begin(), o.streams.end());
+  e->set_cache_pool_bytes(size_t(1 + most) * e->cache_bytes_for(o.context + 1 + o.decode_tokens));
+  std::unique_ptr<Session> base = e->new_session();
+  const int32_t next = base->append(bench_prompt(o.context, e->config().vocab_size)).next_token;
+  progress.end();
+  std::vector<DecodeRun> runs;
+  for (int64_t s : o.streams) {
+    progress.begin("decode, " + std::to_string(s) + " streams");
+    runs.push_back(bench_decode(*e, *base, next, int(s), o.decode_tokens));
+    progress.end();
+  }
+  progress.begin("read bandwidth", 4 * o.peak_seconds);
+  const double bw_end = measure_read_bandwidth(pool, o.peak_seconds, o.bandwidth_bytes).gbps;
+  bw.gbps = std::max(bw_start, bw_end);
+  progress.end();
+  progress.finish();
+  if (o.json)
+    std::cout << decode_report_json(model, *e, bw, bw_start, bw_end, runs, since(t_all)).dump() << std::endl;
+  else
+    print_decode_runs(runs, bw, bw_start, bw_end);
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
@@ -407,6 +497,7 @@ int run_bench(const BenchOptions& o) {
   engine_options(o, o.model_dir, false).check();  // before any work
   if (o.gemm_reps < 1) throw Error("--gemm-reps must be >= 1");
   if (o.threads > 0) ThreadPool::set_threads(o.threads);
+  if (o.decode) return run_bench_decode(o);
   if (dist::active()) return run_bench_ep(o);
   ThreadPool& pool = ThreadPool::global();
   BenchReport rep;
@@ -416,18 +507,7 @@ int run_bench(const BenchOptions& o) {
   // each prompt length, peak again.
   Progress progress(5 + (rep.model.tmp ? 1 : 0) + int(o.gemm_shapes.size()) + int(o.tokens.size()));
   const auto t_all = Clock::now();
-  if (rep.model.tmp) {
-    progress.begin("generating the model");
-    const auto t0 = Clock::now();
-    write_synthetic_model(rep.model.dir, rep.model.synthetic);
-    rep.model.generate_seconds = since(t0);
-    progress.end();
-  }
-  progress.begin("loading the model");
-  const auto t0 = Clock::now();
-  std::unique_ptr<Engine> engine = load_bench_engine(o, rep.model.dir, false);
-  rep.model.load_seconds = since(t0);
-  progress.end();
+  std::unique_ptr<Engine> engine = generate_and_load(o, progress, rep.model);
   rep.config = &engine->config();
   rep.checkpoint_bytes = engine->checkpoint_bytes();
   check_lengths(o, *engine);  // a bad length fails before any timing
@@ -645,6 +725,15 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::vector<int64_t> parse_token_counts(const std::string& s) {
   std::vector<int64_t> r;
   for (const std::string& p : split(s, ',')) r.push_back(parse_positive(p, "--tokens"));
+  return r;
+}
+
+std::vector<int64_t> parse_stream_counts(const std::string& s) {
+  std::vector<int64_t> r;
+  for (const std::string& p : split(s, ',')) {
+    r.push_back(parse_positive(p, "--streams"));
+    if (r.back() > 4096) throw Error("--streams: expected at most 4096 sessions, got '" + p + "'");
+  }
   return r;
 }
 

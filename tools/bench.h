@@ -2,7 +2,8 @@
 // prefill tokens/s and seconds per stage for a list of prompt lengths, model
 // FLOPs and the fraction of the measured machine peak they reach, the
 // engine's BF16 GEMM against OpenBLAS's cblas_sbgemm on prefill shapes, and
-// the conversion kernels against their plain references.
+// the conversion kernels against their plain references. With --decode
+// instead: decode tokens/s against the read bandwidth (tools/bench_decode.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,12 +27,20 @@ struct BenchOptions {
   int gemm_reps = 3;            // best of at most this many timed runs per shape and library
   double peak_seconds = 0.25;   // per peak measurement (each is taken three times)
   bool json = false;
+  // --decode: only the read bandwidth and decode (docs/PERFORMANCE.md, "Decode").
+  bool decode = false;
+  std::vector<int64_t> streams = {1, 4, 16};  // sessions decoding together, one run each
+  int64_t context = 1024;                     // prompt tokens before decoding
+  int64_t decode_tokens = 32;                 // timed steps per run
+  size_t bandwidth_bytes = 0;                 // read-bandwidth buffer; 0: 8 × LLC (core/bandwidth.h)
 
   static std::vector<GemmShape> default_gemm_shapes();
 };
 
 // "512,1024" -> {512, 1024}; throws dsv4::Error on anything else.
 std::vector<int64_t> parse_token_counts(const std::string& s);
+// "1,4,16" for --streams (each 1..4096); throws dsv4::Error on anything else.
+std::vector<int64_t> parse_stream_counts(const std::string& s);
 // "default", "none" or "MxKxN,MxKxN,..."; throws dsv4::Error on anything else.
 std::vector<GemmShape> parse_gemm_shapes(const std::string& s);
 

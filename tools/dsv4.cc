@@ -749,6 +749,11 @@ int cmd_bench(const Options& a) {
   if (!(o.peak_seconds > 0 && o.peak_seconds <= 60))
     throw Error("--peak-seconds must be a number in (0, 60], got '" + a.get("peak-seconds") + "'");
   o.json = a.has("json");
+  o.decode = a.has("decode");
+  if (a.has("streams")) o.streams = parse_stream_counts(a.get("streams"));
+  o.context = a.get_int_in("context", o.context, 1, int64_t(1) << 31, "2^31");
+  o.decode_tokens = a.get_int_in("decode-tokens", o.decode_tokens, 1, 1 << 20, "2^20");
+  if (a.has("bandwidth-mb")) o.bandwidth_bytes = size_t(a.get_int_in("bandwidth-mb", 0, 1, 1 << 20, "2^20")) << 20;
   return run_bench(o);
 }
 
@@ -951,12 +956,14 @@ const CommandSpec kBenchTokenizer{
 std::vector<RuleSpec> bench_rules() {
   std::vector<RuleSpec> r;
   for (const char* o : {"preset", "layers", "experts", "vocab", "seed"}) r.push_back({RuleSpec::kConflicts, o, "model"});
+  for (const char* o : {"streams", "context", "decode-tokens", "bandwidth-mb"}) r.push_back({RuleSpec::kNeeds, o, "decode"});
+  for (const char* o : {"tokens", "gemm-shapes", "gemm-reps"}) r.push_back({RuleSpec::kConflicts, o, "decode"});
   return r;
 }
 
 const CommandSpec kBench{
     "bench",
-    "time prefill, its stages and the GEMM and conversion kernels",
+    "time prefill, its stages and the GEMM and conversion kernels; or decode against the read bandwidth",
     "[--model DIR | --preset tiny|flash] [options]",
     "Prefill tokens/s, seconds per stage, model GFLOP/s against the measured peak (a microbenchmark of the GEMM "
     "kernels' arithmetic on all threads: vdpbf16ps where they use it, else fp32 FMA on the widest vectors; the "
@@ -965,7 +972,13 @@ const CommandSpec kBench{
     "against their plain references.\n"
     "Under `mpirun -np R` (needs --model): per N, R requests run on rank 0 alone (R = 1), then one per rank with "
     "the experts split; prints both times, the speed-up, all-to-all bytes and seconds per MoE step, and whether "
-    "all results are bitwise the same.",
+    "all results are bitwise the same.\n"
+    "With --decode, only decode: the read bandwidth (every thread streaming over its own slice of a buffer 8 x the "
+    "last-level cache; the larger of a measurement at the start and one at the end), then one prompt of --context "
+    "tokens prefilled once and forked into each --streams count of sessions, each fed its own first token and then "
+    "its greedy next ones, all in one batch per step; only the --decode-tokens steps after an untimed one are "
+    "timed. Prints tokens/s, the bytes a step reads (the weights once, the routed experts the step ran, every "
+    "session's cache rows) and the fraction of the read bandwidth reached.",
     {{"model", 'm', "DIR", "checkpoint to load, or else a synthetic model of --preset"},
      {"preset", 0, "tiny|flash",
       "generated into a temporary directory (removed afterwards); --layers L --experts E --vocab V --seed S as for "
@@ -979,8 +992,15 @@ const CommandSpec kBench{
       "default | none | MxKxN,MxKxN,... (default: 512x4096x512,512x4096x4096,512x1024x4096,512x4096x32768, "
       "2048x4096x512,2048x1024x4096,2048x4096x4096)"},
      {"gemm-reps", 0, "R", "best of at most R runs per GEMM (default 3)"},
-     {"peak-seconds", 0, "S", "length of each peak measurement (default 0.25)"},
-     {"json", 0, "", "one JSON object: peak_gflops, gemm [...], conversions [...], prefill [...]"}},
+     {"peak-seconds", 0, "S", "length of each peak (with --decode: read-bandwidth) measurement (default 0.25)"},
+     {"json", 0, "", "one JSON object: peak_gflops, gemm [...], conversions [...], prefill [...] (with --decode: "
+      "read_bandwidth_gbps, decode [...])"},
+     {"decode", 0, "", "time decode instead of prefill (no peak, GEMM or conversion kernels)"},
+     {"streams", 0, "S1,S2,...", "with --decode: sessions decoding together, one run each (default 1,4,16)"},
+     {"context", 0, "N", "with --decode: prompt tokens before decoding (default 1024)"},
+     {"decode-tokens", 0, "T", "with --decode: timed steps per run (default 32)"},
+     {"bandwidth-mb", 0, "MB", "with --decode: the read-bandwidth buffer (default 8 x the last-level cache, "
+      "at least 256 MiB, at most 4 GiB or 1/16 of the memory)"}},
     bench_rules()};
 
 struct Command {

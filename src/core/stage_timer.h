@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <chrono>
+#include <cstdint>
 
 namespace dsv4 {
 
@@ -20,11 +21,18 @@ inline const char* stage_name(Stage s) {
 
 struct StageTimes {
   std::array<double, size_t(Stage::kCount)> seconds{};
+  // Passes over one routed expert's weights (one per expert with rows, per
+  // MoE step, in this process): what sessions that share a decode step read
+  // of the experts (docs/PERFORMANCE.md, "Decode").
+  int64_t routed_expert_passes = 0;
   static StageTimes& global() {
     static StageTimes t;
     return t;
   }
-  void reset() { seconds.fill(0.0); }
+  void reset() {
+    seconds.fill(0.0);
+    routed_expert_passes = 0;
+  }
 };
 
 class ScopedStage {

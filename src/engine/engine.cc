@@ -96,6 +96,43 @@ const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
 int64_t Engine::position_limit() const { return prompt_limit(config(), impl_->opts.max_positions); }
 size_t Engine::checkpoint_bytes() const { return impl_->model->checkpoint.total_bytes(); }
 
+namespace {
+
+WeightFormat format_of(const Weight& w) {
+  switch (w.kind) {
+    case Weight::Kind::kFP8: return WeightFormat::kFP8;
+    case Weight::Kind::kFP4: return WeightFormat::kFP4;
+    case Weight::Kind::kBF16: return WeightFormat::kBF16;
+    case Weight::Kind::kF32: return WeightFormat::kF32;
+  }
+  return WeightFormat::kF32;
+}
+
+}  // namespace
+
+WeightFormats Engine::weight_formats() const {
+  const Model& m = *impl_->model;
+  const LayerWeights& l0 = m.weights.layers.front();
+  WeightFormats f;
+  f.attention = format_of(l0.attn.wq_b);
+  f.gate = format_of(l0.ffn.gate);
+  f.shared_experts = format_of(l0.ffn.shared.w1);
+  f.routed_experts = format_of(l0.ffn.experts[size_t(m.experts.begin)].w1);
+  f.embed = format_of(m.weights.embed);
+  f.head = format_of(m.weights.head);
+  // Compressor and indexer formats from the layers that have them (the
+  // loader gives every layer the same).
+  for (const LayerWeights& l : m.weights.layers) {
+    if (l.kind.has_compressor()) f.compressor = format_of(l.attn.compressor.wkv);
+    if (l.kind.has_indexer()) f.indexer_proj = format_of(l.attn.indexer.weights_proj);
+  }
+  return f;
+}
+
+DecodeBytes Engine::decode_step_bytes(int64_t t) const {
+  return dsv4::decode_step_bytes(config(), weight_formats(), t);
+}
+
 void Engine::page_in_weights() const {
   std::vector<const TensorView*> views;
   for (const auto& kv : impl_->model->checkpoint.tensors()) views.push_back(&kv.second);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dist/mpi.h"
+#include "engine/decode_bytes.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "io/config.h"
@@ -93,6 +94,10 @@ class Engine {
   // Reads every page of the mapped weights once (benchmarks: the first
   // request after loading would otherwise pay for faulting them in).
   void page_in_weights() const;
+  // The formats of the loaded matrices, and what one session's decode step
+  // at position t reads with them (engine/decode_bytes.h).
+  WeightFormats weight_formats() const;
+  DecodeBytes decode_step_bytes(int64_t t) const;
 
   // The cache pool: bytes one session of `positions` positions needs, and
   // the pool's size (made on first use for one request at the limit unless

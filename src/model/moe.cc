@@ -97,6 +97,7 @@ void run_experts_local(const MoeWeights& w, const ModelConfig& c, const float* c
     if (!pairs_of[size_t(e)].empty()) order.push_back(e);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return pairs_of[size_t(a)].size() > pairs_of[size_t(b)].size(); });
+  StageTimes::global().routed_expert_passes += int64_t(order.size());
   std::vector<RoutedExpertBuffers>& per_worker = worker_slots(act.per_worker);
   ThreadPool::global().parallel_for(int64_t(order.size()), [&](int64_t b, int64_t end, int worker) {
     RoutedExpertBuffers& buf = per_worker[size_t(worker)];
