@@ -48,6 +48,29 @@ struct Segment {
 // attention output stay at 64 MB each for Flash shapes.
 constexpr int64_t kAttentionGroupRows = 512;
 
+// The round's rows cut into attention calls: each request's rows in groups
+// of whole tiles of at least kAttentionGroupRows (a long prompt: several
+// calls), and consecutive short ones packed into one call up to that many
+// rows (requests decoding together: one call, each weight read once).
+std::vector<std::vector<AttentionSpan>> attention_calls(const std::vector<Segment>& segs, int layer) {
+  std::vector<std::vector<AttentionSpan>> calls(1);
+  int64_t rows = 0;
+  for (const Segment& s : segs) {
+    const int64_t group = round_up(kAttentionGroupRows, s.tile);
+    for (int64_t g0 = 0; g0 < s.n; g0 += group) {
+      const int64_t n = std::min(group, s.n - g0);
+      if (rows > 0 && rows + n > kAttentionGroupRows) {
+        calls.emplace_back();
+        rows = 0;
+      }
+      calls.back().push_back({s.row0 + g0, s.p0 + g0, n, s.tile, &s.st->layers[size_t(layer)]});
+      rows += n;
+    }
+  }
+  if (calls.back().empty()) calls.pop_back();
+  return calls;
+}
+
 // One layer on every row of the round. X [rows][hc][D] is updated in place:
 // attention runs tile by tile in position order (each tile reads the caches
 // that the earlier ones wrote), then one MoE step over all rows.
@@ -62,24 +85,19 @@ void layer_forward(const Model& m, int layer, const std::vector<Segment>& segs, 
   dsv4::scratch(y, size_t(rows * D));
   dsv4::scratch(f, size_t(rows * D));
   HcMix mix;
-  for (const Segment& s : segs) {
-    // Attention takes the rows in groups of whole tiles, at least
-    // kAttentionGroupRows: its projections decode each weight panel once per
-    // group, its cache-reading part still goes tile by tile.
-    const int64_t group = round_up(kAttentionGroupRows, s.tile);
-    for (int64_t g0 = 0; g0 < s.n; g0 += group) {
-      const int64_t n = std::min(group, s.n - g0), r0 = s.row0 + g0;
-      float* Xg = X + r0 * hc * D;
-      {
-        ScopedStage st(Stage::kHc);
-        hc_pre(Xg, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
-        rms_norm_rows_bf16(y.data(), n, lw.attn_norm.data(), D, c.rms_norm_eps, y.data());
-      }
-      attention_forward(lw.attn, c, lw.kind, m.rope(layer), y.data(), s.p0 + g0, n, s.tile,
-                        s.st->layers[size_t(layer)], scratch.attention, f.data());
+  for (std::vector<AttentionSpan>& spans : attention_calls(segs, layer)) {
+    // The call's rows are consecutive; the spans count from its first.
+    const int64_t r0 = spans.front().row0, n = spans.back().row0 + spans.back().n - r0;
+    for (AttentionSpan& a : spans) a.row0 -= r0;
+    float* Xg = X + r0 * hc * D;
+    {
       ScopedStage st(Stage::kHc);
-      hc_post(f.data(), Xg, n, hc, D, mix, scratch.hc);
+      hc_pre(Xg, n, hc, D, lw.hc_attn, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, y.data(), &mix);
+      rms_norm_rows_bf16(y.data(), n, lw.attn_norm.data(), D, c.rms_norm_eps, y.data());
     }
+    attention_forward(lw.attn, c, lw.kind, m.rope(layer), y.data(), n, spans, scratch.attention, f.data());
+    ScopedStage st(Stage::kHc);
+    hc_post(f.data(), Xg, n, hc, D, mix, scratch.hc);
   }
   {
     ScopedStage st(Stage::kHc);
@@ -237,13 +255,16 @@ void copy_layer_rows(const std::vector<Segment>& segs, int64_t row_floats, int64
                 size_t(s.n * row_floats) * sizeof(float));
 }
 
-// The head for each request that ends in this round: final norm (of every
-// row with keep_hidden), logits and next token; advances every state.
+// The head for the requests that end in this round: final norm (of every
+// row with keep_hidden), logits and next token; advances every state. The
+// last rows of all of them go through the head in one product, so that
+// requests decoding together read its vocab_size rows once.
 void finish_round(const Model& model, const std::vector<Segment>& segs, const std::vector<RequestPlan>& plans,
                   const PrefillOptions& opts, const float* X, std::vector<PrefillResult>& res) {
   const ModelConfig& c = model.config;
-  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   ScopedStage head_stage(Stage::kHead);
+  std::vector<const Segment*> ending;
   for (const Segment& s : segs) {
     PrefillResult& r = res[s.request];
     const int64_t N = plans[s.request].n;
@@ -255,13 +276,24 @@ void finish_round(const Model& model, const std::vector<Segment>& segs, const st
       final_norm(model, X + (s.row0 + s.n - 1) * hc * D, 1, r.hidden.data());
     }
     s.st->n_tokens = s.p0 + s.n;
-    if (!last) continue;
-    const float* h = r.hidden.data() + (opts.keep_hidden ? (N - 1) * D : 0);
-    r.logits.resize(size_t(c.vocab_size));
-    LinearOpts fp32_out;
-    fp32_out.out_bf16 = false;
-    linear(model.weights.head, h, 1, r.logits.data(), fp32_out);
-    r.next_token = argmax(r.logits.data(), c.vocab_size);
+    if (last) ending.push_back(&s);
+  }
+  if (ending.empty()) return;
+  const int64_t M = int64_t(ending.size());
+  std::vector<float> h(size_t(M * D)), logits(size_t(M * V));
+  for (int64_t j = 0; j < M; ++j) {
+    const PrefillResult& r = res[ending[size_t(j)]->request];
+    const int64_t at = opts.keep_hidden ? (plans[ending[size_t(j)]->request].n - 1) * D : 0;
+    std::copy(r.hidden.begin() + at, r.hidden.begin() + at + D, h.begin() + j * D);
+  }
+  LinearOpts fp32_out;
+  fp32_out.out_bf16 = false;
+  linear(model.weights.head, h.data(), M, logits.data(), fp32_out);
+  for (int64_t j = 0; j < M; ++j) {
+    const Segment& s = *ending[size_t(j)];
+    PrefillResult& r = res[s.request];
+    r.logits.assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
+    r.next_token = argmax(r.logits.data(), V);
     r.cache_bytes = s.st->cache_bytes();
   }
 }

@@ -205,32 +205,36 @@ void attend_tile(const Layer& L, const float* x, int64_t t0, int64_t p0, int64_t
 }  // namespace
 
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st,
+                       const float* x, int64_t rows, const std::vector<AttentionSpan>& spans,
                        AttentionActivations& b, float* out) {
   const Layer L(w, c, kind, rope);
   const int64_t H = L.H, d = L.d, rd = L.rd, Hi = c.index_n_heads, di = c.index_head_dim;
-  if (tile <= 0 || tile > n) tile = n;
-  float* const cs = scratch(b.cs, size_t(n * rd));  // the rows' rotation tables
+  float* const cs = scratch(b.cs, size_t(rows * rd));  // the rows' rotation tables
   {
     // The projections read only x, never the caches, so they run over all
-    // n rows at once: each FP8 weight panel is decoded once for all of
-    // them, not once per tile. Every output row is the same FMA chain
-    // whatever n is.
+    // rows at once: each weight is read (and each FP8 panel decoded) once
+    // for every row of every request, not once per tile or per request.
+    // Every output row is the same FMA chain whatever the rows are.
     ScopedStage stage(Stage::kProjections);
-    for (int64_t i = 0; i < n; ++i) rope.cos_sin(p0 + i, cs + i * rd);
-    project_q(L, x, cs, n, scratch(b.qr, size_t(n * c.q_lora_rank)), scratch(b.q, size_t(n * H * d)));
-    project_kv(L, x, cs, n, scratch(b.kv, size_t(n * d)));
+    for (const AttentionSpan& s : spans)
+      for (int64_t i = 0; i < s.n; ++i) rope.cos_sin(s.p0 + i, cs + (s.row0 + i) * rd);
+    project_q(L, x, cs, rows, scratch(b.qr, size_t(rows * c.q_lora_rank)), scratch(b.q, size_t(rows * H * d)));
+    project_kv(L, x, cs, rows, scratch(b.kv, size_t(rows * d)));
   }
   if (kind.has_indexer()) {
     ScopedStage stage(Stage::kIndexer);
-    indexer_queries(w.indexer, c, rope, x, b.qr.data(), cs, n, scratch(b.qi, size_t(n * Hi * di)),
-                    scratch(b.wts, size_t(n * Hi)));
+    indexer_queries(w.indexer, c, rope, x, b.qr.data(), cs, rows, scratch(b.qi, size_t(rows * Hi * di)),
+                    scratch(b.wts, size_t(rows * Hi)));
   }
-  // Tile by tile in position order: each tile reads the cache rows that the
-  // earlier ones wrote.
-  scratch(b.o, size_t(n * H * d));
-  for (int64_t t0 = 0; t0 < n; t0 += tile) attend_tile(L, x, t0, p0 + t0, std::min(tile, n - t0), st, b);
-  project_output(L, b.o.data(), n, b, out);
+  // Each request tile by tile in position order: each tile reads the cache
+  // rows that the earlier ones wrote.
+  scratch(b.o, size_t(rows * H * d));
+  for (const AttentionSpan& s : spans) {
+    const int64_t tile = s.tile <= 0 || s.tile > s.n ? s.n : s.tile;
+    for (int64_t t0 = 0; t0 < s.n; t0 += tile)
+      attend_tile(L, x, s.row0 + t0, s.p0 + t0, std::min(tile, s.n - t0), *s.st, b);
+  }
+  project_output(L, b.o.data(), rows, b, out);
 }
 
 }  // namespace dsv4

@@ -52,8 +52,21 @@ struct AttentionActivations {
 // all n rows at once; the cache-reading part (window, compressors, indexer,
 // sparse attention) runs tile by tile, `tile` rows at a time in position
 // order (tile <= 0: all n). The result does not depend on n or tile.
+// Rows [row0, row0 + n) of an attention call: one request's positions
+// [p0, p0 + n), walked in tiles of `tile` positions against its state.
+struct AttentionSpan {
+  int64_t row0 = 0, p0 = 0, n = 0, tile = 0;
+  AttentionState* st = nullptr;
+};
+
+// §6 for `rows` sublayer inputs x [rows][D] made of `spans` (consecutive,
+// covering every row; several requests may share one call): out [rows][D].
+// The projections run over all rows at once, so requests that decode
+// together read each weight once; the part that reads caches goes request
+// by request, tile by tile. Every row's result is the same whoever shares
+// the call.
 void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKind kind, const RopeTable& rope,
-                       const float* x, int64_t p0, int64_t n, int64_t tile, AttentionState& st,
+                       const float* x, int64_t rows, const std::vector<AttentionSpan>& spans,
                        AttentionActivations& act, float* out);
 
 }  // namespace dsv4
