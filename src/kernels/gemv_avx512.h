@@ -7,9 +7,10 @@
 
 namespace dsv4 {
 
-// Output rows per tile: four groups of 16, one zmm lane per row, so that a
-// single input row still has four independent FMA chains in flight.
-constexpr int64_t kGemvTileRows = 64;
+// Output rows per tile: two groups of 16, one zmm lane per row: a single
+// input row still has two independent FMA chains, and a tile reads no more
+// row streams than the hardware prefetcher follows well (gemv_avx512.cc).
+constexpr int64_t kGemvTileRows = 32;
 
 // Rows [o0, o_end) of the product (o_end − o0 ≤ kGemvTileRows) for M ≤ 4
 // input rows x (stride ldx): the fp32 sums to y[m][o − o0] (stride ldy).
