@@ -133,7 +133,7 @@ struct Lines {
 // 16 rows of 16 dwords to 16 vectors of a dword of every row: pairs of
 // rows interleaved by dwords, then by qwords (each 128-bit lane then holds
 // one dword of four rows), then a 4 × 4 transpose of 128-bit lanes.
-inline void transpose16(__m512i (&r)[kLanes]) {
+__attribute__((always_inline)) inline void transpose16(__m512i (&r)[kLanes]) {
   __m512i a[kLanes];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
@@ -204,6 +204,7 @@ bool fp8_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
   __m512i nan = _mm512_setzero_si512(), max_scale = _mm512_setzero_si512();
   __m512 factor[G];
   Lines<G> buf;
+  int64_t next_block = 0;  // where the next scale block starts (no division per dword)
   for (int64_t line = 0; line < lines; ++line) {
     r.prefetch(line, lines);
     const int64_t k0 = 64 * line;
@@ -212,7 +213,8 @@ bool fp8_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
                [&](__m512i v) { nan = _mm512_or_si512(nan, _mm512_add_epi32(_mm512_and_si512(v, low7), one)); });
     for (int d = 0; d < dwords; ++d) {
       const int64_t k = k0 + 4 * d;
-      if (k % B == 0) {  // B is a multiple of 16: a block starts on a dword
+      if (k == next_block) {  // B is a multiple of 16: a block starts on a dword
+        next_block += B;
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
           const __m512i s = r.scale_codes(g, k / B);
