@@ -97,7 +97,7 @@ const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150
 void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true) {
   const Weight& w = rw.w;
   const Isa best = kernel_isa();
-  for (int64_t M : {1, 2, 3, 5}) {
+  for (int64_t M : {1, 2, 3, 5, 9}) {  // 5: a tile takes 4 rows, then 1; 9: past kGemvMaxRows (gemm)
     const int64_t ldx = w.in + 3, ldy = w.out + 5;
     const std::vector<float> x = random_rows(M, ldx, uint32_t(w.out * 7 + M));
     // Whole weight and a row range that starts inside a tile.

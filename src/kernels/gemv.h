@@ -16,9 +16,11 @@
 
 namespace dsv4 {
 
-// Up to this many input rows linear() takes the GEMV path: above it gemm's
-// panels, decoded once for all rows, cost less than decoding per 4 rows.
-constexpr int64_t kGemvMaxRows = 4;
+// Up to this many input rows linear() takes the GEMV path (4 rows at a time,
+// the weight read from memory once): with the weight in L2 it matched or
+// beat gemm on one thread at 8 rows for FP8, FP4 and BF16 (session 14);
+// with more rows gemm's panels, decoded once for all of them, pay off.
+constexpr int64_t kGemvMaxRows = 8;
 
 // Whether gemv can take this weight and M here: an AVX-512 CPU and kernel
 // variant (core/cpu.h), an FP8 (in and block multiples of 16), FP4 or BF16
