@@ -12,6 +12,12 @@
 
 namespace dsv4 {
 
+namespace {
+std::atomic<int64_t> g_tiles{0};
+}  // namespace
+
+int64_t gemv_tile_count() { return g_tiles.load(std::memory_order_relaxed); }
+
 bool gemv_available(const Weight& w, int64_t M) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
   if (M < 1 || M > kGemvMaxRows || kernel_isa() < Isa::kAvx512) return false;
@@ -36,6 +42,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};
   ThreadPool::global().parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
+    g_tiles.fetch_add(t1 - t0, std::memory_order_relaxed);
     for (int64_t t = t0; t < t1 && ok.load(std::memory_order_relaxed); ++t) {
       const int64_t o0 = row_begin + t * kGemvTileRows, o1 = std::min(row_end, o0 + kGemvTileRows);
       float* yt = y + (o0 - row_begin);

@@ -37,6 +37,10 @@ bool gemv_available(const Weight& w, int64_t M);
 bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
           int64_t row_begin, int64_t row_end);
 
+// Tiles gemv has computed since the process started: lets tests see that
+// the path ran.
+int64_t gemv_tile_count();
+
 // The definition: per output one std::fma chain in ascending k over
 // Weight::dequant_row. What the tests compare gemv with.
 void gemv_reference(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
