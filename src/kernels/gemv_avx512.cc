@@ -7,9 +7,9 @@
 //
 // Why this shape: a tile of 2 groups of 16 rows gives even a single input
 // row two independent FMA chains, as many as the decoding between two FMAs
-// of a chain leaves room for, and the
-// bytes of 16 rows are turned into lanes by a 16 × 16 dword transpose of
-// whole 64-byte lines (a dword is 4 steps of k in FP8, 8 in FP4, 2 in BF16).
+// of a chain leaves room for, and the bytes of 16 rows are turned into
+// lanes by a 16 × 16 dword transpose of whole 64-byte lines (a dword is 4
+// steps of k in FP8, 8 in FP4, 2 in BF16).
 #include "kernels/gemv_avx512.h"
 
 #ifdef __AVX512F__
@@ -121,9 +121,11 @@ struct Sums {
 // ---- Lines: the tile's bytes turned into lanes --------------------------------
 // One 64-byte line of each of a group's 16 rows is loaded whole and
 // transposed in registers (16 × 16 dwords: dword d of every row in one
-// vector), then kept in a small buffer that stays in L1. Rows `in` bytes
-// apart share L1 sets (all 64 of a tile at in = 4096), so reading a line in
-// pieces would fetch it from L2 again for every piece.
+// vector), then kept in a small buffer that stays in L1. A line is fetched
+// once: rows `in` bytes apart share L1 sets (all 32 of a tile at in =
+// 4096), so a line read in 16-byte pieces can be evicted between them. With
+// weights in cache the two ways ran at the same speed (session 14); this
+// one needs a quarter of the loads.
 template <int G>
 struct Lines {
   alignas(64) uint32_t dword[G][kLanes][kLanes];  // [group][dword of the line][lane]
