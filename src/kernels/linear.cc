@@ -10,6 +10,7 @@
 #include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/gemv.h"
 #include "kernels/linear_avx512.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -328,6 +329,9 @@ void linear(const Weight& w, const float* x, int64_t M, float* y, const LinearOp
     x = xq;
     ldx = K;
   }
+  // A few rows (decode): the weight streamed once, decoded in registers into
+  // the same chains; it declines the rare weight it cannot decode exactly.
+  if (gemv_available(w, M) && gemv(w, x, M, ldx, y, ldy, opts.out_bf16, row_begin, row_end)) return;
   // Panels of 16 weight rows are dequantised on the fly; gemm fixes the
   // reduction order (one FMA chain per output, ascending k).
   const int64_t rows = row_end - row_begin;

@@ -1,0 +1,81 @@
+#include "kernels/gemv.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "core/cpu.h"
+#include "core/formats.h"
+#include "core/scratch.h"
+#include "core/thread_pool.h"
+#include "kernels/gemv_avx512.h"
+
+namespace dsv4 {
+
+namespace {
+std::atomic<int64_t> g_tiles{0};
+}  // namespace
+
+int64_t gemv_tile_count() { return g_tiles.load(std::memory_order_relaxed); }
+
+bool gemv_available(const Weight& w, int64_t M) {
+#ifdef DSV4_HAVE_AVX512_KERNELS
+  if (M < 1 || M > kGemvMaxRows || kernel_isa() < Isa::kAvx512) return false;
+  switch (w.kind) {
+    case Weight::Kind::kFP8: return w.in % 16 == 0 && w.block % 16 == 0;  // 16 codes of a row per step, in one block
+    case Weight::Kind::kFP4: return w.in % 32 == 0;
+    case Weight::Kind::kBF16: return w.in % 8 == 0;
+    case Weight::Kind::kF32: return false;
+  }
+#endif
+  (void)w, (void)M;
+  return false;
+}
+
+bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
+          int64_t row_begin, int64_t row_end) {
+#ifdef DSV4_HAVE_AVX512_KERNELS
+  const int64_t rows = row_end - row_begin;
+  if (rows <= 0) return true;
+  const int64_t tiles = (rows + kGemvTileRows - 1) / kGemvTileRows;
+  // Each tile's outputs are written by the one thread that computes them,
+  // so the split changes no bit; a refused tile refuses the whole call.
+  std::atomic<bool> ok{true};
+  ThreadPool::global().parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
+    g_tiles.fetch_add(t1 - t0, std::memory_order_relaxed);
+    for (int64_t t = t0; t < t1 && ok.load(std::memory_order_relaxed); ++t) {
+      const int64_t o0 = row_begin + t * kGemvTileRows, o1 = std::min(row_end, o0 + kGemvTileRows);
+      float* yt = y + (o0 - row_begin);
+      // Input rows 4 at a time (the tile kernels' most): the tile's weight
+      // rows are then read again from L2, not from memory.
+      for (int64_t m0 = 0; m0 < M; m0 += kGemvTileInputRows)
+        if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, o0, o1, yt + m0 * ldy,
+                              ldy)) {
+          ok.store(false, std::memory_order_relaxed);
+          return;
+        }
+      if (out_bf16)
+        for (int64_t m = 0; m < M; ++m) bf16r_inplace(yt + m * ldy, size_t(o1 - o0));
+    }
+  });
+  return ok.load();
+#else
+  (void)w, (void)x, (void)M, (void)ldx, (void)y, (void)ldy, (void)out_bf16, (void)row_begin, (void)row_end;
+  return false;
+#endif
+}
+
+void gemv_reference(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
+                    int64_t row_begin, int64_t row_end) {
+  float* const row = workspace<float>(Buf::kPanelRow, size_t(w.in));
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    w.dequant_row(o, row);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < w.in; ++k) acc = std::fma(x[m * ldx + k], row[k], acc);
+      y[m * ldy + (o - row_begin)] = out_bf16 ? bf16r(acc) : acc;
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,49 @@
+// Linear layers for a few input rows (decode): y = x · Wᵀ with the weight
+// streamed once, decoded in registers straight into the dot products.
+//
+// Decode multiplies one row (or a few, one per session decoding together)
+// by every active weight, about 2 flops per weight byte: the time is the
+// weight's trip from memory. gemm's dequantised 16-row panels cost a store
+// and a reload of every weight value for one multiply-add per row; here 16
+// weight rows sit one per zmm lane and each lane keeps its own fp32
+// accumulator fed by fused multiply-adds in ascending k, the same chain
+// gemm and gemm_reference compute, so the results are the same bits
+// (gemm.h).
+#pragma once
+#include <cstdint>
+
+#include "kernels/linear.h"
+
+namespace dsv4 {
+
+// Up to this many input rows linear() takes the GEMV path (4 rows at a time,
+// the weight read from memory once): with the weight in L2 it matched or
+// beat gemm on one thread at 8 rows for FP8, FP4 and BF16 (session 14);
+// with more rows gemm's panels, decoded once for all of them, pay off.
+constexpr int64_t kGemvMaxRows = 8;
+
+// Whether gemv can take this weight and M here: an AVX-512 CPU and kernel
+// variant (core/cpu.h), an FP8 (in and block multiples of 16), FP4 or BF16
+// (in a multiple of 8) weight, 1 ≤ M ≤ kGemvMaxRows.
+bool gemv_available(const Weight& w, int64_t M);
+
+// y[m][o - row_begin] = Σ_k x[m][k] · W[o][k] for o in [row_begin, row_end),
+// x rows of w.in values with stride ldx (already FP8-quantised where the
+// linear asks for it), y with stride ldy, rounded to bf16 where out_bf16.
+// The threads of the pool split the output rows. Returns false, having
+// written nothing meaningful, where a value could not be decoded in
+// registers exactly (an FP8 NaN code, a scale past 2^7): the caller then
+// takes the gemm path. Call only where gemv_available.
+bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
+          int64_t row_begin, int64_t row_end);
+
+// Tiles gemv has computed since the process started: lets tests see that
+// the path ran.
+int64_t gemv_tile_count();
+
+// The definition: per output one std::fma chain in ascending k over
+// Weight::dequant_row. What the tests compare gemv with.
+void gemv_reference(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
+                    int64_t row_begin, int64_t row_end);
+
+}  // namespace dsv4

@@ -1,0 +1,25 @@
+// The AVX-512 GEMV tiles of gemv_avx512.cc, which gemv (gemv.cc) calls only
+// when kernel_isa() is Isa::kAvx512 or later.
+#pragma once
+#include <cstdint>
+
+#include "kernels/linear.h"
+
+namespace dsv4 {
+
+// Output rows per tile: two groups of 16, one zmm lane per row: a single
+// input row still has two independent FMA chains, and a tile reads no more
+// row streams than the hardware prefetcher follows well (gemv_avx512.cc).
+constexpr int64_t kGemvTileRows = 32;
+
+// Input rows a tile takes at once: its FMA chains fill the registers.
+constexpr int64_t kGemvTileInputRows = 4;
+
+// Rows [o0, o_end) of the product (o_end − o0 ≤ kGemvTileRows) for M ≤
+// kGemvTileInputRows input rows x (stride ldx): the fp32 sums to y[m][o − o0] (stride ldy).
+// False where a value cannot be decoded exactly in registers (FP8 NaN codes,
+// FP8 scales above 2^7); y is then partly written.
+bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
+                      int64_t ldy);
+
+}  // namespace dsv4

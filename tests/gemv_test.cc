@@ -1,0 +1,191 @@
+// The decode GEMV (kernels/gemv.h): bit for bit equal to its reference (one
+// std::fma chain per output over dequant_row) and to linear() for every
+// weight kind, shape, row count, kernel variant and thread count.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/cpu.h"
+#include "core/thread_pool.h"
+#include "kernels/gemv.h"
+#include "kernels/linear.h"
+
+namespace dsv4 {
+namespace {
+
+using Kind = Weight::Kind;
+
+// A weight with random codes and the scale codes drawn from [s_lo, s_hi];
+// FP8 without NaN codes unless asked.
+struct RandomWeight {
+  std::vector<uint8_t> data, scale;
+  Weight w;
+  RandomWeight(Kind kind, int64_t out, int64_t in, int block, int s_lo, int s_hi, bool nan_codes, uint32_t seed) {
+    std::mt19937 rng(seed);
+    w.kind = kind;
+    w.out = out;
+    w.in = in;
+    w.block = block;
+    switch (kind) {
+      case Kind::kBF16: data.resize(size_t(out * in * 2)); break;
+      case Kind::kFP8:
+        data.resize(size_t(out * in));
+        scale.resize(size_t(((out + block - 1) / block) * ((in + block - 1) / block)));
+        break;
+      case Kind::kFP4:
+        data.resize(size_t(out * in / 2));
+        scale.resize(size_t(out * in / 32));
+        break;
+      case Kind::kF32: data.resize(size_t(out * in * 4)); break;
+    }
+    for (auto& b : data) b = uint8_t(rng());
+    if (kind == Kind::kBF16) {  // finite bf16 values of many magnitudes, some subnormal
+      std::normal_distribution<float> nd;
+      for (int64_t i = 0; i < out * in; ++i) {
+        const float v = std::ldexp(nd(rng), int(rng() % 40) - 20 - (i % 97 == 0 ? 110 : 0));
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        const uint16_t h = uint16_t(b >> 16);
+        std::memcpy(data.data() + 2 * i, &h, 2);
+      }
+    }
+    if (kind == Kind::kFP8 && !nan_codes)
+      for (auto& b : data)
+        if ((b & 0x7f) == 0x7f) b = uint8_t(b ^ 1);
+    for (auto& s : scale) s = uint8_t(s_lo + int(rng() % uint32_t(s_hi - s_lo + 1)));
+    w.data = data.data();
+    w.scale = scale.empty() ? nullptr : scale.data();
+  }
+};
+
+std::vector<float> random_rows(int64_t M, int64_t ld, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(M * ld));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 13 == 5 ? 0.f : std::ldexp(nd(rng), int(rng() % 16) - 8);
+  return x;
+}
+
+// Equal bits, where NaNs count as equal to NaNs (their payload depends on
+// which operand an FMA form names first).
+::testing::AssertionResult SameBits(const std::vector<float>& got, const std::vector<float>& want) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    if (a != b)
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs reference " << want[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct Shape {
+  int64_t out, in;
+};
+
+// Shapes: one row, outputs not a multiple of 16 or of the 64-row tile, in
+// not a multiple of an FP8 block (ragged last block), and one Flash-like.
+const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}, {37, 1184}, {70, 208},
+                         {131, 1024}};
+
+void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true) {
+  const Weight& w = rw.w;
+  const Isa best = kernel_isa();
+  for (int64_t M : {1, 2, 3, 5, 9}) {  // 5: a tile takes 4 rows, then 1; 9: past kGemvMaxRows (gemm)
+    const int64_t ldx = w.in + 3, ldy = w.out + 5;
+    const std::vector<float> x = random_rows(M, ldx, uint32_t(w.out * 7 + M));
+    // Whole weight and a row range that starts inside a tile.
+    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, w.out}, {w.out / 3, w.out - w.out / 5}}) {
+      if (e <= b) continue;
+      for (bool bf16 : {false, true}) {
+        std::vector<float> ref(size_t(M * ldy), -3.f);
+        gemv_reference(w, x.data(), M, ldx, ref.data(), ldy, bf16, b, e);
+        LinearOpts opts;
+        opts.out_bf16 = bf16;
+        for (Isa isa : supported_isas()) {
+          set_kernel_isa(isa);
+          for (int threads : {1, 2, 3}) {
+            ThreadPool::set_threads(threads);
+            SCOPED_TRACE(::testing::Message() << what << " " << w.out << "x" << w.in << " M " << M << " rows [" << b
+                                              << ", " << e << ") bf16 " << bf16 << " " << isa_name(isa) << " threads "
+                                              << threads);
+            std::vector<float> y(size_t(M * ldy), -3.f);
+            linear(w, x.data(), M, y.data(), opts, b, e, ldx, ldy);
+            EXPECT_TRUE(SameBits(y, ref)) << "linear";
+            if (gemv_available(w, M)) {
+              std::vector<float> g(size_t(M * ldy), -3.f);
+              const bool took = gemv(w, x.data(), M, ldx, g.data(), ldy, bf16, b, e);
+              EXPECT_EQ(took, decodable);
+              if (took) {
+                EXPECT_TRUE(SameBits(g, ref)) << "gemv";
+              }
+            }
+          }
+        }
+        set_kernel_isa(best);
+        ThreadPool::set_threads(0);
+      }
+    }
+  }
+}
+
+TEST(Gemv, Fp8EqualsReferenceBitwise) {
+  for (int block : {128, 16, 48})
+    for (const Shape& s : kShapes)
+      if (s.in % 16 == 0) expect_gemv_matches(RandomWeight(Kind::kFP8, s.out, s.in, block, 110, 134, false, 1), "fp8");
+}
+
+TEST(Gemv, Fp4EqualsReferenceBitwise) {
+  for (const Shape& s : kShapes)
+    if (s.in % 32 == 0) expect_gemv_matches(RandomWeight(Kind::kFP4, s.out, s.in, 128, 0, 140, false, 2), "fp4");
+}
+
+TEST(Gemv, Bf16EqualsReferenceBitwise) {
+  for (const Shape& s : kShapes) expect_gemv_matches(RandomWeight(Kind::kBF16, s.out, s.in, 128, 0, 0, false, 3), "bf16");
+}
+
+// What it cannot decode in registers (FP8 NaN codes, FP8 scales past 2^7)
+// it refuses, and linear() still gives the reference's bits through gemm.
+TEST(Gemv, RefusesWhatItCannotDecodeAndLinearStaysExact) {
+  RandomWeight nan(Kind::kFP8, 40, 256, 128, 110, 130, true, 4);
+  nan.data[300] = 0xff;
+  RandomWeight big(Kind::kFP8, 40, 256, 128, 120, 130, false, 5);
+  big.scale[1] = 135;
+  const RandomWeight ends(Kind::kFP4, 40, 256, 128, 250, 255, false, 6);
+  for (const RandomWeight* rw : {&nan, &big}) {
+    const std::vector<float> x = random_rows(1, 256, 9);
+    std::vector<float> y(40);
+    if (gemv_available(rw->w, 1)) {
+      EXPECT_FALSE(gemv(rw->w, x.data(), 1, 256, y.data(), 40, false, 0, 40));
+    }
+  }
+  expect_gemv_matches(nan, "fp8 with NaN codes", false);
+  expect_gemv_matches(big, "fp8 with large scales", false);
+  expect_gemv_matches(ends, "fp4 with infinite scales");
+}
+
+TEST(Gemv, AvailableOnlyWhereItCanRun) {
+  const RandomWeight fp8(Kind::kFP8, 16, 64, 128, 120, 130, false, 7);
+  const RandomWeight odd(Kind::kFP8, 16, 72, 128, 120, 130, false, 7);
+  const RandomWeight f32(Kind::kF32, 16, 64, 128, 0, 0, false, 7);
+  const Isa best = kernel_isa();
+  for (Isa isa : supported_isas()) {
+    set_kernel_isa(isa);
+    const bool avx512 = isa >= Isa::kAvx512;
+    EXPECT_EQ(gemv_available(fp8.w, 1), avx512) << isa_name(isa);
+    EXPECT_EQ(gemv_available(fp8.w, kGemvMaxRows), avx512) << isa_name(isa);
+    EXPECT_FALSE(gemv_available(fp8.w, kGemvMaxRows + 1));
+    EXPECT_FALSE(gemv_available(odd.w, 1));
+    EXPECT_FALSE(gemv_available(f32.w, 1));
+  }
+  set_kernel_isa(best);
+}
+
+}  // namespace
+}  // namespace dsv4
