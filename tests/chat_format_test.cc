@@ -252,6 +252,12 @@ TEST(ChatFormat, ToolCallParameters) {
       "<｜DSML｜parameter name=\"arguments\" string=\"true\">not json</｜DSML｜parameter>\n"
       "</｜DSML｜invoke>";
   EXPECT_NE(got.find(want), std::string::npos) << got;
+
+  // More of Python's float repr: positional up to 1e16, two-digit exponents.
+  a["tool_calls"] = ojson::array({call("c", "f", R"({"a": [1e15, -0.0, 2.5e-7, 1.5e300, 0.1, 1E2, 12345678901234567890]})")});
+  EXPECT_NE(encode_messages(msgs({msg("user", "Q"), a}), kChat)
+                .find("[1000000000000000.0, -0.0, 2.5e-07, 1.5e+300, 0.1, 100.0, 12345678901234567890]"),
+            std::string::npos);
 }
 
 // Before the last user turn, a developer turn is left out in thinking mode

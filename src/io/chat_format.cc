@@ -181,7 +181,8 @@ std::string json_string(std::string_view s) {
 // Python's truth value of a JSON value (the reference tests fields with `if x:`).
 bool truthy(const ojson* v) {
   if (!v || v->is_null()) return false;
-  if (v->is_object() || v->is_array() || v->is_string()) return !v->empty() && !(v->is_string() && v->get_ref<const std::string&>().empty());
+  if (v->is_string()) return !v->get_ref<const std::string&>().empty();
+  if (v->is_object() || v->is_array()) return !v->empty();
   if (v->is_boolean()) return v->get<bool>();
   if (v->is_number_float()) return v->get<double>() != 0.0;
   if (v->is_number()) return v->get<int64_t>() != 0;
