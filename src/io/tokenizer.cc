@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/chat_format.h"
 #include "io/text_file.h"
 
 namespace dsv4 {
@@ -153,13 +154,12 @@ std::string utf8_lossy(std::string_view bytes) {
 const char* const kV4BosToken = "<｜begin▁of▁sentence｜>";
 
 std::string render_v4_chat(std::string_view system, std::string_view user, bool think) {
-  std::string s = kV4BosToken;
-  s += system;
-  s += "<｜User｜>";
-  s += user;
-  s += "<｜Assistant｜>";
-  s += think ? "<think>" : "</think>";
-  return s;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", std::string(system)}});
+  messages.push_back({{"role", "user"}, {"content", std::string(user)}});
+  EncodeOptions options;
+  options.thinking_mode = think ? ThinkingMode::kThinking : ThinkingMode::kChat;
+  return encode_messages(messages, options);
 }
 
 // ---- The tokenizer ---------------------------------------------------------------

@@ -45,7 +45,8 @@ std::string utf8_lossy(std::string_view bytes);
 
 // The DeepSeek-V4 chat prompt of one user turn (shared/data/tokenizer/README.md):
 //   <｜begin▁of▁sentence｜>{system}<｜User｜>{user}<｜Assistant｜></think>
-// or with <think> instead of </think> in thinking mode.
+// or with <think> instead of </think> in thinking mode: encode_messages()
+// (io/chat_format.h) of a system and a user message.
 std::string render_v4_chat(std::string_view system, std::string_view user, bool think);
 extern const char* const kV4BosToken;  // <｜begin▁of▁sentence｜>
 
