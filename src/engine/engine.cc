@@ -21,6 +21,7 @@ struct Engine::Impl {
   std::unique_ptr<dist::MpiExpertRunner> experts;  // under expert_parallel
   BatchActivations activations;                    // every append's blocks, kept
   int live_sessions = 0;
+  PrefixCacheStats prefix_stats;
 
   PrefillOptions prefill_options(const AppendOptions& what) const {
     PrefillOptions p;
@@ -37,6 +38,7 @@ struct Engine::Impl {
 
 struct Session::State {
   RequestState request;
+  std::vector<int32_t> tokens;  // every token appended, in order
 };
 
 namespace {
@@ -60,6 +62,7 @@ void EngineOptions::check() const {
   if (tile_tokens < 0) throw Error("--tile-tokens must be >= 0");
   if (chunk_tokens < 0) throw Error("--chunk-tokens must be >= 0");
   if (max_positions < 0) throw Error("--max-context must be >= 0");
+  if (snapshot_every < 0) throw Error("--snapshot-every must be >= 0");
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -174,9 +177,28 @@ std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& ses
     if (s->engine_ != this) throw Error("append_batch: a session of another engine");
     states.push_back(&s->state_->request);
   }
-  return extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what), impl_->experts.get(),
-                      &impl_->activations);
+  std::vector<PrefillResult> r = extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what),
+                                              impl_->experts.get(), &impl_->activations);
+  for (size_t i = 0; i < sessions.size(); ++i)
+    if (r[i].error.empty()) {
+      std::vector<int32_t>& t = sessions[i]->state_->tokens;
+      t.insert(t.end(), tokens[i].begin(), tokens[i].end());
+    }
+  return r;
 }
+
+// The prefix cache is not built yet: resume() starts empty, remember()
+// keeps nothing.
+std::unique_ptr<Session> Engine::resume(const std::vector<int32_t>& prompt, int64_t* cached_tokens) {
+  (void)prompt;
+  ++impl_->prefix_stats.lookups;
+  if (cached_tokens) *cached_tokens = 0;
+  return new_session();
+}
+
+void Engine::remember(const Session& s) { (void)s; }
+
+PrefixCacheStats Engine::prefix_cache_stats() const { return impl_->prefix_stats; }
 
 dist::EpTotals Engine::take_expert_parallel_totals(double wall_seconds) {
   if (!impl_->experts) return {};
@@ -193,6 +215,7 @@ Session::~Session() {
 }
 
 int64_t Session::position() const { return state_->request.n_tokens; }
+const std::vector<int32_t>& Session::tokens() const { return state_->tokens; }
 
 PrefillResult Session::append(const std::vector<int32_t>& tokens, const AppendOptions& what) {
   std::vector<PrefillResult> r = engine_->append_batch({this}, {tokens}, what);
@@ -210,6 +233,7 @@ void Session::restore(const Session& snapshot) {
   if (snapshot.engine_ != engine_) throw Error("a session can only be restored from one of its own engine");
   if (&snapshot == this) return;
   state_->request.copy_from(*engine_->impl_->model, snapshot.state_->request);
+  state_->tokens = snapshot.state_->tokens;
 }
 
 size_t Session::cache_bytes() const { return state_->request.cache_bytes(); }

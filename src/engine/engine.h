@@ -32,6 +32,14 @@ struct EngineOptions {
   // Under mpirun: hold this rank's share of the routed experts and run the
   // others through the MPI runner (PREFILL.md §4). Off: every expert here.
   bool expert_parallel = false;
+  // The prefix cache: states of earlier sessions kept by their token ids,
+  // for Engine::resume. 0 bytes: off.
+  size_t prefix_cache_bytes = 0;
+  // Inside a long append, also keep the state every this many tokens (0:
+  // only what remember() is given).
+  int64_t snapshot_every = 2048;
+  // Keep the cached states in files here across restarts (empty: memory only).
+  std::string state_dir;
 
   // Throws dsv4::Error naming the first option out of range (the checks
   // Engine::load makes before it reads anything).
@@ -39,6 +47,16 @@ struct EngineOptions {
 };
 
 class Engine;
+
+// What the prefix cache did since the engine was loaded.
+struct PrefixCacheStats {
+  int64_t lookups = 0;        // resume() calls
+  int64_t hits = 0;           // those that resumed from a cached state
+  int64_t cached_tokens = 0;  // positions not prefilled again, summed over hits
+  int64_t entries = 0;        // states held now
+  int64_t evictions = 0;      // states dropped for room
+  size_t bytes = 0;           // bytes the states hold now
+};
 
 // One request's state: its position, caches and last logits. Made by
 // Engine::new_session; must not outlive its engine.
@@ -49,6 +67,8 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   int64_t position() const;  // tokens processed so far
+  // Every token appended so far, in order (position() of them).
+  const std::vector<int32_t>& tokens() const;
   // Appends `tokens` at position() (prefill when the session is empty,
   // decode when one token): the last row's logits and greedy next token
   // (and what `what` asks for besides).
@@ -105,6 +125,18 @@ class Engine {
   size_t cache_bytes_for(int64_t positions) const;
   void set_cache_pool_bytes(size_t bytes);
   std::unique_ptr<Session> new_session();
+
+  // A session for a request whose prompt is `prompt`: a copy of the longest
+  // cached state whose tokens are a prefix of `prompt` and leave at least
+  // one of its tokens to append (so that the append gives logits), or an
+  // empty session. *cached_tokens (if given) = its position(). The caller
+  // then appends prompt[position()..]: the results are bitwise those of
+  // prefilling the whole prompt.
+  std::unique_ptr<Session> resume(const std::vector<int32_t>& prompt, int64_t* cached_tokens = nullptr);
+  // Keeps `s`'s state at its position in the prefix cache (nothing when the
+  // cache is off); e.g. at the end of every request.
+  void remember(const Session& s);
+  PrefixCacheStats prefix_cache_stats() const;
 
   // Advances several sessions together: session i appends tokens[i]. Their
   // rows share every MoE step (one pass over each expert's weights) and
