@@ -39,11 +39,13 @@
 #include "io/token_list.h"
 #include "io/tokenizer.h"
 #include "bench.h"
+#include "generation.h"
 #include "options.h"
 #include "progress.h"
 
 using namespace dsv4;
 using nlohmann::json;
+using cli::Generation;
 using cli::Options;
 
 namespace {
@@ -114,9 +116,10 @@ std::string token_display(const Tokenizer& tok, int32_t id) {
 
 // ---- The engine ------------------------------------------------------------------
 
-// The engine options prefill and generate share; under mpirun, prefill
-// --requests runs expert-parallel.
-std::unique_ptr<Engine> load_engine(const Options& a, bool expert_parallel = false) {
+// The engine options prefill, generate and chat share; under mpirun, prefill
+// --requests runs expert-parallel. The prefix cache is off unless the
+// command's options or `prefix_cache_mb` turn it on.
+std::unique_ptr<Engine> load_engine(const Options& a, bool expert_parallel = false, int64_t prefix_cache_mb = 0) {
   if (!a.has("model")) throw Error(a.command() + " needs --model DIR");
   EngineOptions o;
   o.model_dir = a.get("model");
@@ -126,14 +129,17 @@ std::unique_ptr<Engine> load_engine(const Options& a, bool expert_parallel = fal
   o.max_positions = a.get_int("max-context", 0);
   o.check_weights = a.has("check-weights");
   o.expert_parallel = expert_parallel;
+  cli::set_prefix_cache(a, prefix_cache_mb, &o);
   a.get_int_in("cache-pool-mb", 0, 0, kMaxCount, "2^30");  // checked before the model is read
   return Engine::load(o);
 }
 
-// The cache pool: --cache-pool-mb, or exactly what `need` bytes of sessions take.
+// The cache pool: --cache-pool-mb, or exactly what `need` bytes of sessions
+// take, plus the prefix cache's budget in case its states live in the pool
+// too (the pool only reserves address space; pages are committed on use).
 void size_cache_pool(const Options& a, Engine& engine, size_t need) {
   const int64_t mb = a.get_int("cache-pool-mb", 0);
-  engine.set_cache_pool_bytes(mb > 0 ? size_t(mb) << 20 : need);
+  engine.set_cache_pool_bytes(mb > 0 ? size_t(mb) << 20 : need + engine.options().prefix_cache_bytes);
 }
 
 // The engine and the prompt of --tokens / --prompt, checked against the limit.
@@ -408,87 +414,27 @@ int cmd_prefill(const Options& a) {
   return 0;
 }
 
-// What generate produced, and when.
-struct Generation {
-  std::vector<int32_t> tokens;
-  std::string text;                      // with a tokenizer; cut before a stop string
-  std::string finish_reason = "length";  // or "stop": eos or a stop string
-  int64_t prompt_tokens = 0;
-  double prompt_seconds = 0;       // the prefill
-  double first_token_seconds = 0;  // from the start of the prefill to the first token out
-  double decode_seconds = 0;       // from the first token out to the last: tokens.size() − 1 steps
-  int64_t decode_tokens() const { return int64_t(tokens.size()) - 1; }
-};
-
-// Writes the tokens as they come, flushed one by one: their text on a model
-// with a tokenizer (TextStream: whole characters only, nothing that may
-// still become a stop string; eos not shown), else their ids.
-struct TokenStream {
-  std::optional<TextStream> text;
-  bool print = true;  // false under --json: only the text is kept
-  bool started = false;
-
-  void write(const std::string& s) {
-    if (!print || s.empty()) return;
-    std::fwrite(s.data(), 1, s.size(), stdout);
-    std::fflush(stdout);
-  }
-  void add(int32_t id, bool eos) {
-    if (text) {
-      if (!eos) write(text->push(id));
-    } else {
-      write((started ? " " : "") + std::to_string(id));
-    }
-    started = true;
-  }
-  bool stopped() const { return text && text->stopped(); }
-  std::string finish() {
-    if (text) write(text->finish());
-    write("\n");
-    return text ? text->text() : std::string();
-  }
-};
-
 // The speed summary: on stderr after the streamed text, or one JSON object
-// on stdout (decode_tokens_per_second null when no token was decoded).
+// on stdout.
 void print_generation(const Options& a, const Engine& engine, const Generation& g) {
-  const int64_t decoded = g.decode_tokens();
-  const double prompt_tps = g.prompt_seconds > 0 ? double(g.prompt_tokens) / g.prompt_seconds : 0.0;
-  const double decode_tps = decoded > 0 && g.decode_seconds > 0 ? double(decoded) / g.decode_seconds : 0.0;
   if (a.has("json")) {
-    json out = {{"prompt_tokens", g.prompt_tokens},
-                {"prompt_seconds", g.prompt_seconds},
-                {"prompt_tokens_per_second", prompt_tps},
-                {"time_to_first_token_seconds", g.first_token_seconds},
-                {"generated", g.tokens},
-                {"decode_tokens", decoded},
-                {"decode_seconds", g.decode_seconds},
-                {"decode_tokens_per_second", decoded > 0 ? json(decode_tps) : json(nullptr)},
-                {"finish_reason", g.finish_reason}};
+    json out = cli::generation_json(g);
     if (engine.tokenizer()) out["text"] = g.text;
+    out["prefix_cache"] = cli::prefix_cache_json(engine.prefix_cache_stats());
     std::cout << out.dump() << std::endl;
     return;
   }
-  std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tokens/s); first token after %.3f s\n",
-               (long long)g.prompt_tokens, g.prompt_seconds, prompt_tps, g.first_token_seconds);
-  if (decoded > 0)
-    std::fprintf(stderr, "decode: %lld tokens in %.3f s (%.1f tokens/s); finish: %s\n", (long long)decoded,
-                 g.decode_seconds, decode_tps, g.finish_reason.c_str());
+  const std::string cached =
+      g.cached_tokens > 0 ? ", " + std::to_string(g.cached_tokens) + " of them from the prefix cache" : "";
+  std::fprintf(stderr, "prompt: %lld tokens%s in %.3f s (%.1f tokens/s); first token after %.3f s\n",
+               (long long)g.prompt_tokens, cached.c_str(), g.prompt_seconds, g.prefill_tokens_per_second(),
+               g.first_token_seconds);
+  if (g.decode_tokens() > 0)
+    std::fprintf(stderr, "decode: %lld tokens in %.3f s (%.1f tokens/s); finish: %s\n", (long long)g.decode_tokens(),
+                 g.decode_seconds, g.decode_tokens_per_second(), g.finish_reason.c_str());
   else
     std::fprintf(stderr, "decode: 0 tokens (the one token came from the prompt's logits); finish: %s\n",
                  g.finish_reason.c_str());
-}
-
-// --temp, --top-k, --top-p, --min-p and --seed, checked.
-SamplingParams sampling_params(const Options& a) {
-  SamplingParams s;
-  s.temperature = float(a.get_number("temp", 0));
-  s.top_k = int(a.get_int_in("top-k", 0, 0, std::numeric_limits<int>::max()));
-  s.top_p = float(a.get_number("top-p", 1));
-  s.min_p = float(a.get_number("min-p", 0));
-  s.seed = uint64_t(a.get_int("seed", 0));
-  s.check();
-  return s;
 }
 
 // --max-new-tokens K, checked with the prompt against the position limit up
@@ -504,49 +450,32 @@ int64_t new_token_count(const Options& a, const Engine& engine, int64_t n_prompt
   return K;
 }
 
-double seconds_between(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
-  return std::chrono::duration<double>(t1 - t0).count();
+// Whatever the stream makes final goes straight out, flushed.
+void write_stdout(const std::string& s) {
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
 }
 
 int cmd_generate(const Options& a) {
-  const SamplingParams sampling = sampling_params(a);
+  cli::GenerationParams p;
+  p.sampling = cli::sampling_params(a);
   std::vector<int32_t> tokens;
   std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
   const ModelConfig& c = engine->config();
-  TokenStream out;
-  out.print = !a.has("json");
-  if (engine->tokenizer()) out.text.emplace(*engine->tokenizer(), a.get_all("stop"));
-  else if (a.has("stop")) throw Error("--stop needs the text: " + a.get("model") + "/tokenizer.json is missing");
-  Generation g;
-  g.prompt_tokens = int64_t(tokens.size());
-  const int64_t K = new_token_count(a, *engine, g.prompt_tokens);
-  size_cache_pool(a, *engine, engine->cache_bytes_for(g.prompt_tokens + K - 1));
-  std::unique_ptr<Session> session = engine->new_session();
-  std::vector<float> all_logits;
-  cli::ProgressLine progress(!a.has("json"));
-  AppendOptions what;
-  what.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-  const auto t0 = std::chrono::steady_clock::now();
-  PrefillResult r = session->append(tokens, what);
-  g.prompt_seconds = seconds_between(t0, std::chrono::steady_clock::now());
-  progress.clear();
-  auto first = t0;
-  for (int64_t i = 0; i < K; ++i) {
-    if (a.has("dump-logits-all")) all_logits.insert(all_logits.end(), r.logits.begin(), r.logits.end());
-    const int32_t next = sample(r.logits, sampling, g.prompt_tokens + i);  // the position `next` will take
-    const bool eos = !a.has("ignore-eos") && next == c.eos_token_id;
-    g.tokens.push_back(next);
-    out.add(next, eos);
-    if (i == 0) first = std::chrono::steady_clock::now();
-    if (eos || out.stopped()) g.finish_reason = "stop";
-    if (i + 1 == K || g.finish_reason == "stop") break;
-    r = session->append({next});
-  }
-  g.first_token_seconds = seconds_between(t0, first);
-  g.decode_seconds = seconds_between(first, std::chrono::steady_clock::now());
-  g.text = out.finish();
-  if (a.has("dump-logits-all"))
-    write_npy(a.get("dump-logits-all"), all_logits.data(), {int64_t(g.tokens.size()), c.vocab_size});
+  if (!engine->tokenizer() && a.has("stop"))
+    throw Error("--stop needs the text: " + a.get("model") + "/tokenizer.json is missing");
+  const bool print = !a.has("json");
+  cli::TokenStream out(engine->tokenizer(), a.get_all("stop"), print ? write_stdout : cli::TokenStream::Sink());
+  const int64_t n_prompt = int64_t(tokens.size());
+  p.max_new_tokens = new_token_count(a, *engine, n_prompt);
+  p.ignore_eos = a.has("ignore-eos");
+  p.progress = print;
+  p.keep_logits = a.has("dump-logits-all");
+  size_cache_pool(a, *engine, engine->cache_bytes_for(n_prompt + p.max_new_tokens - 1));
+  const Generation g = cli::generate(*engine, tokens, p, out);
+  if (print) write_stdout("\n");
+  if (p.keep_logits)
+    write_npy(a.get("dump-logits-all"), g.logits.data(), {int64_t(g.tokens.size()), c.vocab_size});
   print_generation(a, *engine, g);
   return 0;
 }
@@ -828,6 +757,13 @@ const OptionSpec kLayers{"layers", 0, "L", "overrides the preset's number of lay
 const OptionSpec kExperts{"experts", 0, "E", "overrides the preset's number of routed experts"};
 const OptionSpec kVocab{"vocab", 0, "V", "overrides the preset's vocabulary size"};
 
+// Groups of options, in order, as one command's list.
+std::vector<OptionSpec> options_of(std::initializer_list<std::vector<OptionSpec>> groups) {
+  std::vector<OptionSpec> all;
+  for (const std::vector<OptionSpec>& g : groups) all.insert(all.end(), g.begin(), g.end());
+  return all;
+}
+
 const std::vector<RuleSpec> kChatRules = {{RuleSpec::kNeeds, "think", "chat"}, {RuleSpec::kNeeds, "system", "chat"}};
 
 std::vector<RuleSpec> prefill_rules() {
@@ -874,24 +810,22 @@ const CommandSpec kGenerate{
     "Prints the new tokens as they are made: their text with DIR/tokenizer.json (whole characters only; eos not "
     "shown), else their ids. Then, on stderr: the prompt's tokens, seconds and tokens/s, the time to the first "
     "token, and the decode tokens/s (tokens after the first, over the time from the first to the last). A long "
-    "prefill shows one progress line on a terminal.",
-    {kModel, kTokens, kPrompt, kPromptFile, kChat, kThink, kSystem, kThreads, kTileTokens, kChunkTokens, kMaxContext,
-     kCachePool,
-     {"max-new-tokens", 'n', "K", "tokens to generate (default 16)"},
-     {"ignore-eos", 0, "", "do not stop at eos_token_id"},
-     {"temp", 0, "T", "sampling temperature; 0 (the default) picks the most likely token", {"temperature"}},
-     {"top-k", 0, "K", "sample among the K most likely tokens only (default 0: all)"},
-     {"top-p", 0, "P", "sample among the smallest set of most likely tokens whose probability reaches P (default 1)"},
-     {"min-p", 0, "P", "drop tokens less likely than P times the most likely one (default 0)"},
-     {"seed", 's', "N", "seed of the draws; token i depends only on the seed and its position (default 0)"},
-     {"stop", 0, "STRING",
-      "end when the text contains STRING, printed cut before it (repeatable; needs DIR/tokenizer.json)", {}, true},
-     {"dump-logits-all", 0, "OUT.npy",
-      "float32 [K, vocab]: row i holds the logits token i was chosen from (row 0 from the prefill)"},
-     {"json", 0, "",
-      "one JSON object instead (nothing streamed): prompt_tokens, prompt_seconds, prompt_tokens_per_second, "
-      "time_to_first_token_seconds, generated (ids), text, decode_tokens, decode_seconds, decode_tokens_per_second "
-      "(null when no token was decoded), finish_reason"}},
+    "prefill shows one progress line on a terminal.\nWith --prefix-cache-mb or --state-dir the prompt resumes from "
+    "the longest state cached (by an earlier request of this process, or in --state-dir by an earlier run) that is a "
+    "prefix of it, and the state at the end is kept for the next.",
+    options_of({{kModel, kTokens, kPrompt, kPromptFile, kChat, kThink, kSystem, kThreads, kTileTokens, kChunkTokens,
+                 kMaxContext, kCachePool},
+                cli::sampling_options(16),
+                {{"ignore-eos", 0, "", "do not stop at eos_token_id"},
+                 {"dump-logits-all", 0, "OUT.npy",
+                  "float32 [K, vocab]: row i holds the logits token i was chosen from (row 0 from the prefill)"},
+                 {"json", 0, "",
+                  "one JSON object instead (nothing streamed): prompt_tokens, cached_tokens (of them, restored from "
+                  "the prefix cache), prompt_seconds, prompt_tokens_per_second (of the tokens prefilled), "
+                  "time_to_first_token_seconds, generated (ids), text, decode_tokens, decode_seconds, "
+                  "decode_tokens_per_second (null when no token was decoded), finish_reason, prefix_cache {lookups, "
+                  "hits, cached_tokens, entries, evictions, bytes}"}},
+                cli::prefix_cache_options(0)}),
     kChatRules};
 
 const CommandSpec kGenModel{

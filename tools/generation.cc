@@ -1,0 +1,149 @@
+#include "generation.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "progress.h"
+
+namespace dsv4::cli {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+TokenStream::TokenStream(const Tokenizer* tok, std::vector<std::string> stops, Sink out) : out_(std::move(out)) {
+  if (tok) text_.emplace(*tok, std::move(stops));
+}
+
+void TokenStream::add(int32_t id, bool eos) {
+  if (text_) {
+    if (!eos) write(text_->push(id));
+  } else {
+    write((started_ ? " " : "") + std::to_string(id));
+  }
+  started_ = true;
+}
+
+std::string TokenStream::finish() {
+  if (!text_) return std::string();
+  write(text_->finish());
+  return text_->text();
+}
+
+double Generation::prefill_tokens_per_second() const {
+  return prompt_seconds > 0 ? double(prompt_tokens - cached_tokens) / prompt_seconds : 0.0;
+}
+
+double Generation::decode_tokens_per_second() const {
+  return decode_tokens() > 0 && decode_seconds > 0 ? double(decode_tokens()) / decode_seconds : 0.0;
+}
+
+namespace {
+
+// The resumed session with the rest of the prompt appended: the logits the
+// first token is drawn from.
+PrefillResult prefill(Engine& engine, const std::vector<int32_t>& prompt, bool show_progress, Generation* g,
+                      std::unique_ptr<Session>* session) {
+  ProgressLine progress(show_progress);
+  AppendOptions what;
+  what.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  *session = engine.resume(prompt, &g->cached_tokens);
+  const std::vector<int32_t> rest(prompt.begin() + (*session)->position(), prompt.end());
+  return (*session)->append(rest, what);
+}
+
+}  // namespace
+
+Generation generate(Engine& engine, const std::vector<int32_t>& prompt, const GenerationParams& p, TokenStream& out) {
+  Generation g;
+  g.prompt_tokens = int64_t(prompt.size());
+  const int32_t eos_id = engine.config().eos_token_id;
+  const auto t0 = Clock::now();
+  std::unique_ptr<Session> session;
+  PrefillResult r = prefill(engine, prompt, p.progress, &g, &session);
+  g.prompt_seconds = seconds_between(t0, Clock::now());
+  auto first = t0;
+  for (int64_t i = 0; i < p.max_new_tokens; ++i) {
+    if (p.keep_logits) g.logits.insert(g.logits.end(), r.logits.begin(), r.logits.end());
+    const int32_t next = sample(r.logits, p.sampling, g.prompt_tokens + i);  // the position `next` will take
+    const bool eos = !p.ignore_eos && next == eos_id;
+    g.tokens.push_back(next);
+    out.add(next, eos);
+    if (i == 0) first = Clock::now();
+    if (eos || out.stopped()) g.finish_reason = "stop";
+    if (i + 1 == p.max_new_tokens || g.finish_reason == "stop") break;
+    r = session->append({next});
+  }
+  g.first_token_seconds = seconds_between(t0, first);
+  g.decode_seconds = seconds_between(first, Clock::now());
+  g.text = out.finish();
+  // The last token was drawn but never appended. Untimed: this step's
+  // logits are not used, only its caches.
+  if (p.append_last && session->position() < engine.position_limit())
+    session->append({g.tokens.back()});
+  engine.remember(*session);
+  return g;
+}
+
+json generation_json(const Generation& g) {
+  const int64_t decoded = g.decode_tokens();
+  return json{{"prompt_tokens", g.prompt_tokens},
+              {"cached_tokens", g.cached_tokens},
+              {"prompt_seconds", g.prompt_seconds},
+              {"prompt_tokens_per_second", g.prefill_tokens_per_second()},
+              {"time_to_first_token_seconds", g.first_token_seconds},
+              {"generated", g.tokens},
+              {"decode_tokens", decoded},
+              {"decode_seconds", g.decode_seconds},
+              {"decode_tokens_per_second", decoded > 0 ? json(g.decode_tokens_per_second()) : json(nullptr)},
+              {"finish_reason", g.finish_reason}};
+}
+
+json prefix_cache_json(const PrefixCacheStats& s) {
+  return json{{"lookups", s.lookups}, {"hits", s.hits},           {"cached_tokens", s.cached_tokens},
+              {"entries", s.entries}, {"evictions", s.evictions}, {"bytes", s.bytes}};
+}
+
+SamplingParams sampling_params(const Options& a) {
+  SamplingParams s;
+  s.temperature = float(a.get_number("temp", 0));
+  s.top_k = int(a.get_int_in("top-k", 0, 0, std::numeric_limits<int>::max()));
+  s.top_p = float(a.get_number("top-p", 1));
+  s.min_p = float(a.get_number("min-p", 0));
+  s.seed = uint64_t(a.get_int("seed", 0));
+  s.check();
+  return s;
+}
+
+std::vector<OptionSpec> sampling_options(int64_t default_new_tokens) {
+  return {
+      {"max-new-tokens", 'n', "K", "tokens to generate (default " + std::to_string(default_new_tokens) + ")"},
+      {"temp", 0, "T", "sampling temperature; 0 (the default) picks the most likely token", {"temperature"}},
+      {"top-k", 0, "K", "sample among the K most likely tokens only (default 0: all)"},
+      {"top-p", 0, "P", "sample among the smallest set of most likely tokens whose probability reaches P (default 1)"},
+      {"min-p", 0, "P", "drop tokens less likely than P times the most likely one (default 0)"},
+      {"seed", 's', "N", "seed of the draws; token i depends only on the seed and its position (default 0)"},
+      {"stop", 0, "STRING",
+       "end when the text contains STRING, printed cut before it (repeatable; needs DIR/tokenizer.json)", {}, true}};
+}
+
+std::vector<OptionSpec> prefix_cache_options(int64_t default_mb) {
+  return {
+      {"prefix-cache-mb", 0, "MB",
+       "keep the states of earlier requests, up to MB MiB, and resume a prompt from the longest one that is a prefix "
+       "of it (default " + std::to_string(default_mb) + (default_mb ? "" : ": off, or 1024 with --state-dir") + ")"},
+      {"snapshot-every", 0, "N",
+       "inside a long prompt, also keep the state every N tokens (default 2048; 0: only at the end of a request)"},
+      {"state-dir", 0, "DIR",
+       "keep the cached states in files under DIR too, so that a later run resumes from them"}};
+}
+
+void set_prefix_cache(const Options& a, int64_t default_mb, EngineOptions* o) {
+  // A state directory is useless with the cache off: it turns the cache on.
+  if (default_mb == 0 && a.has("state-dir")) default_mb = 1024;
+  const int64_t mb = a.get_int_in("prefix-cache-mb", default_mb, 0, int64_t(1) << 30, "2^30");
+  o->prefix_cache_bytes = size_t(mb) << 20;
+  o->snapshot_every = a.get_int_in("snapshot-every", o->snapshot_every, 0, int64_t(1) << 40, "2^40");
+  o->state_dir = a.get("state-dir");
+}
+
+}  // namespace dsv4::cli
