@@ -1,5 +1,6 @@
 // The dsv4 command: prefill, synthetic checkpoints, inspection.
 #include <malloc.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -39,6 +40,7 @@
 #include "io/token_list.h"
 #include "io/tokenizer.h"
 #include "bench.h"
+#include "chat.h"
 #include "generation.h"
 #include "options.h"
 #include "progress.h"
@@ -480,6 +482,32 @@ int cmd_generate(const Options& a) {
   return 0;
 }
 
+// ---- chat -------------------------------------------------------------------------
+
+constexpr int64_t kChatNewTokens = 512;      // per answer: room for one, eos ends it sooner
+constexpr int64_t kChatPrefixCacheMb = 1024;  // a few states of a long conversation
+
+int cmd_chat(const Options& a) {
+  cli::ChatSettings s;
+  s.generation.sampling = cli::sampling_params(a);
+  s.generation.max_new_tokens = a.get_int_in("max-new-tokens", kChatNewTokens, 1, kMaxCount, "2^30");
+  s.generation.progress = !a.has("json");
+  s.generation.append_last = true;
+  if (!a.has("model")) throw Error("chat needs --model DIR");
+  std::unique_ptr<Engine> engine = load_engine(a, /*expert_parallel=*/false, kChatPrefixCacheMb);
+  if (!engine->tokenizer()) throw Error("chat needs a tokenizer: " + a.get("model") + "/tokenizer.json is missing");
+  s.has_system = a.has("system");
+  s.system = a.get("system");
+  s.think = a.has("think");
+  s.stops = a.get_all("stop");
+  s.json = a.has("json");
+  s.terminal_in = isatty(STDIN_FILENO);
+  s.terminal_out = isatty(STDOUT_FILENO);
+  size_cache_pool(a, *engine, engine->cache_bytes_for(engine->position_limit()));
+  cli::run_chat(*engine, s, std::cin);
+  return 0;
+}
+
 // --preset (default tiny), --seed and the --layers/--experts/--vocab overrides.
 SyntheticOptions synthetic_options(const Options& a) {
   SyntheticOptions o;
@@ -828,6 +856,33 @@ const CommandSpec kGenerate{
                 cli::prefix_cache_options(0)}),
     kChatRules};
 
+const CommandSpec kChatCommand{
+    "chat",
+    "a conversation on the terminal or from a pipe, each turn resumed from the prefix cache",
+    "--model DIR [--system S] [--think] [options]",
+    "Reads one user turn per line of standard input (a \"> \" prompt on stderr when it is a terminal; blank lines "
+    "are skipped; end of input ends the chat) and answers each with the whole conversation so far in the V4 chat "
+    "layout (needs DIR/tokenizer.json), the earlier answers as they were generated. The answer streams on stdout as "
+    "generate's text does, then a newline; with --think its reasoning comes first, dimmed on a terminal, else "
+    "inside <think>...</think> as the model writes it. After each answer, on stderr: [turn K: C cached + N new "
+    "prompt tokens, G generated (finish reason), prefill P tokens/s, decode D tokens/s].\nEach turn resumes from "
+    "the longest cached state that is a prefix of its prompt, and the state at the end of the answer is kept: in "
+    "chat mode the next turn's prompt starts with every token of this one and of its answer, so only the new user "
+    "turn is prefilled. In thinking mode the layout drops the earlier reasoning, so a turn reuses the state up to "
+    "where the last prompt and the new one part (--snapshot-every keeps states inside a long prompt). --state-dir "
+    "keeps the states in files, for a later chat over the same conversation.",
+    options_of({{kModel,
+                 {"system", 0, "S", "a system message first"},
+                 {"think", 0, "", "thinking mode: the model reasons (inside <think>...</think>) before it answers"},
+                 kThreads, kTileTokens, kChunkTokens, kMaxContext, kCachePool},
+                cli::sampling_options(kChatNewTokens),
+                {{"json", 0, "",
+                  "one JSON object per turn instead of the streamed text: turn, prompt (the ids), prompt_tokens, "
+                  "cached_tokens, generated, text (the answer), reasoning_content, finish_reason, the speeds and "
+                  "seconds as generate --json gives them, prefix_cache {lookups, hits, cached_tokens, entries, "
+                  "evictions, bytes}"}},
+                cli::prefix_cache_options(kChatPrefixCacheMb)})};
+
 const CommandSpec kGenModel{
     "gen-model",
     "write a synthetic checkpoint in the official layout",
@@ -945,6 +1000,7 @@ struct Command {
 
 const std::vector<Command> kCommands = {
     {&kPrefill, cmd_prefill, true},         {&kGenerate, cmd_generate, false},
+    {&kChatCommand, cmd_chat, false},
     {&kGenModel, cmd_gen_model, false},     {&kInfo, cmd_info, false},
     {&kTokenize, cmd_tokenize, false},      {&kDetokenize, cmd_detokenize, false},
     {&kMakeTokenizer, cmd_make_tokenizer, false}, {&kBenchTokenizer, cmd_bench_tokenizer, false},
