@@ -116,7 +116,7 @@ SamplingParams sampling_params(const Options& a) {
 
 std::vector<OptionSpec> sampling_options(int64_t default_new_tokens) {
   return {
-      {"max-new-tokens", 'n', "K", "tokens to generate (default " + std::to_string(default_new_tokens) + ")"},
+      {"max-new-tokens", 'n', "K", "tokens to generate (per answer; default " + std::to_string(default_new_tokens) + ")"},
       {"temp", 0, "T", "sampling temperature; 0 (the default) picks the most likely token", {"temperature"}},
       {"top-k", 0, "K", "sample among the K most likely tokens only (default 0: all)"},
       {"top-p", 0, "P", "sample among the smallest set of most likely tokens whose probability reaches P (default 1)"},
