@@ -149,6 +149,14 @@ TEST_F(ChatCli, ThinkingModeRendersAndDropsTheEarlierReasoning) {
   const std::vector<json> got = turns(r);
   check_turns(got, ThinkingMode::kThinking, "", {"Hello", "Tell me more"}, "-n 6");
   for (const json& t : got) EXPECT_EQ(t["prompt"].back(), tokenizer_->token_id(kThinkingStartToken));
+  // Turn 2's prompt parts from turn 1's at its <think> (</think> there now),
+  // where chat kept a state for it.
+  const auto first = got[0]["prompt"].get<std::vector<int32_t>>();
+  const auto second = got[1]["prompt"].get<std::vector<int32_t>>();
+  ASSERT_GT(second.size(), first.size());
+  EXPECT_TRUE(std::equal(first.begin(), first.end() - 1, second.begin()));
+  EXPECT_EQ(second[first.size() - 1], tokenizer_->token_id(kThinkingEndToken));
+  EXPECT_EQ(got[1]["cached_tokens"], kPrefixCacheWorks ? int64_t(first.size()) - 1 : 0);
   EXPECT_NE(got[0]["reasoning_content"], "");  // six tokens are not enough to close it
 }
 

@@ -127,7 +127,8 @@ struct History {
 // the model's tokens are not the ones the tokenizer would choose for the
 // same text. Otherwise (thinking mode leaves the earlier reasoning out; a
 // stop string cut an answer short) the whole text is tokenized and the
-// prefix cache resumes from what it has.
+// prefix cache resumes from what it has (in thinking mode: the last prompt
+// but its final token, GenerationParams::remember_before_last).
 std::vector<int32_t> prompt_ids(const Tokenizer& tok, const std::string& rendered, const History& h) {
   if (!h.tokens.empty() && rendered.size() > h.text.size() && rendered.starts_with(h.text)) {
     const std::string_view rest = std::string_view(rendered).substr(h.text.size());
@@ -198,6 +199,7 @@ void run_chat(Engine& engine, const ChatSettings& s, std::istream& in) {
     messages.push_back({{"role", "user"}, {"content", line}});
     const std::vector<int32_t> prompt = prompt_ids(tok, encode_messages(messages, encode), history);
     GenerationParams p = s.generation;
+    p.remember_before_last = s.think;
     p.max_new_tokens = answer_budget(engine, int64_t(prompt.size()), p.max_new_tokens);
     AnswerPrinter printer(encode.thinking_mode, s.terminal_out);
     TokenStream out(&tok, s.stops, s.json ? TokenStream::Sink() : [&](const std::string& t) { printer.feed(t); });

@@ -868,8 +868,9 @@ const CommandSpec kChatCommand{
     "prompt tokens, G generated (finish reason), prefill P tokens/s, decode D tokens/s].\nEach turn resumes from "
     "the longest cached state that is a prefix of its prompt, and the state at the end of the answer is kept: in "
     "chat mode the next turn's prompt starts with every token of this one and of its answer, so only the new user "
-    "turn is prefilled. In thinking mode the layout drops the earlier reasoning, so a turn reuses the state up to "
-    "where the last prompt and the new one part (--snapshot-every keeps states inside a long prompt). --state-dir "
+    "turn is prefilled. In thinking mode the layout drops the earlier reasoning, so the state is also kept one token "
+    "before the end of each prompt, where the next prompt parts from it: a turn then prefills the last answer "
+    "(without its reasoning) and the new user turn. --state-dir "
     "keeps the states in files, for a later chat over the same conversation.",
     options_of({{kModel,
                  {"system", 0, "S", "a system message first"},

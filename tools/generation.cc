@@ -41,14 +41,19 @@ namespace {
 
 // The resumed session with the rest of the prompt appended: the logits the
 // first token is drawn from.
-PrefillResult prefill(Engine& engine, const std::vector<int32_t>& prompt, bool show_progress, Generation* g,
+PrefillResult prefill(Engine& engine, const std::vector<int32_t>& prompt, const GenerationParams& p, Generation* g,
                       std::unique_ptr<Session>* session) {
-  ProgressLine progress(show_progress);
+  ProgressLine progress(p.progress);
   AppendOptions what;
   what.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   *session = engine.resume(prompt, &g->cached_tokens);
-  const std::vector<int32_t> rest(prompt.begin() + (*session)->position(), prompt.end());
-  return (*session)->append(rest, what);
+  Session& s = **session;
+  const int64_t n = int64_t(prompt.size());
+  if (p.remember_before_last && s.position() < n - 1) {
+    s.append(std::vector<int32_t>(prompt.begin() + s.position(), prompt.end() - 1), what);
+    engine.remember(s);
+  }
+  return s.append(std::vector<int32_t>(prompt.begin() + s.position(), prompt.end()), what);
 }
 
 }  // namespace
@@ -59,7 +64,7 @@ Generation generate(Engine& engine, const std::vector<int32_t>& prompt, const Ge
   const int32_t eos_id = engine.config().eos_token_id;
   const auto t0 = Clock::now();
   std::unique_ptr<Session> session;
-  PrefillResult r = prefill(engine, prompt, p.progress, &g, &session);
+  PrefillResult r = prefill(engine, prompt, p, &g, &session);
   g.prompt_seconds = seconds_between(t0, Clock::now());
   auto first = t0;
   for (int64_t i = 0; i < p.max_new_tokens; ++i) {

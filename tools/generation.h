@@ -50,6 +50,10 @@ struct GenerationParams {
   // Also append the last token before remembering, so that the cached state
   // covers prompt + every generated token: the next chat turn starts there.
   bool append_last = false;
+  // Also remember the state one token before the end of the prompt: in
+  // thinking mode the next chat turn's layout parts from this prompt there
+  // (its <think> becomes </think> once the reasoning is dropped).
+  bool remember_before_last = false;
 };
 
 // What a generation produced, and when.
