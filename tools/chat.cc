@@ -179,7 +179,10 @@ void report_turn(const ChatSettings& s, const Engine& engine, int turn, const st
 bool read_turn(std::istream& in, bool prompt, std::string* line) {
   for (;;) {
     if (prompt) std::fputs("> ", stderr), std::fflush(stderr);
-    if (!std::getline(in, *line)) return false;
+    if (!std::getline(in, *line)) {
+      if (prompt) std::fputs("\n", stderr);  // the shell's prompt on a line of its own after ^D
+      return false;
+    }
     if (!line->empty() && line->back() == '\r') line->pop_back();
     if (line->find_first_not_of(" \t\v\f") != std::string::npos) return true;
   }
