@@ -1,5 +1,5 @@
-// The engine as every front end sees it (the dsv4 command, bench, and the
-// chat and server to come): an Engine that loads a checkpoint and owns the
+// The engine as every front end sees it (the dsv4 commands, bench, chat,
+// and the server to come): an Engine that loads a checkpoint and owns the
 // weights, the cache pool and, under mpirun, the expert-parallel runner; a
 // Session per request that appends tokens (prefill, or decode one token at a
 // time) and holds that request's caches. Nothing here exposes tensors,
