@@ -441,6 +441,28 @@ TEST(StateFiles, UnwritableDirectoryIsAWarning) {
   expect_one_warning(err, dir, "cannot use the state directory");
 }
 
+// A directory that goes away after loading stands for a full disk: every
+// write fails; one warning, and the states stay in memory.
+TEST(StateFiles, FailedWritesAreOneWarning) {
+  TempDir tmp;
+  const std::string dir = tmp / "states";
+  auto e = engine_for(models().tiny, 64, size_t(1) << 30, dir);
+  std::filesystem::remove_all(dir);
+  const std::vector<int32_t> p = tokens(150, e->config().vocab_size);
+  ::testing::internal::CaptureStderr();
+  auto s = e->new_session();
+  for (int64_t k : {50, 100}) {
+    s->append(slice(p, s->position(), k));
+    e->remember(*s);
+  }
+  int64_t cached = 0;
+  auto r = e->resume(p, &cached);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cached, 100);
+  EXPECT_EQ(e->prefix_cache_stats().entries, 2);
+  expect_one_warning(err, dir, "cannot create the state file");
+}
+
 }  // namespace
 }  // namespace dsv4
 
