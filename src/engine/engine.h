@@ -140,6 +140,9 @@ class Engine {
   void set_cache_pool_bytes(size_t bytes);
   std::unique_ptr<Session> new_session();
 
+  // The prefix cache (engine/prefix_cache.h; docs/ARCHITECTURE.md). Like
+  // everything else here, to be driven from one thread: nothing is locked.
+  //
   // A session for a request whose prompt is `prompt`: a copy of the longest
   // cached state whose tokens are a prefix of `prompt` and leave at least
   // one of its tokens to append (so that the append gives logits), or an
