@@ -203,6 +203,25 @@ TEST(PrefixCache, LongestPrefixLeavingOneToken) {
   EXPECT_EQ(off->prefix_cache_stats().entries, 0);
 }
 
+// No room in the pool for the restored state: an empty session, no
+// warning, and the state is still there once pages are free again.
+TEST(PrefixCache, FullPoolResumesEmptyAndKeepsTheState) {
+  auto e = engine_for(models().tiny, 64, size_t(1) << 30);
+  e->set_cache_pool_bytes(e->cache_bytes_for(300));
+  const std::vector<int32_t> p = tokens(300, e->config().vocab_size);
+  auto holder = e->new_session();
+  holder->append(slice(p, 0, 200));
+  e->remember(*holder);
+  ::testing::internal::CaptureStderr();
+  int64_t cached = -1;
+  EXPECT_EQ(e->resume(p, &cached)->position(), 0);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(cached, 0);
+  holder.reset();
+  EXPECT_EQ(e->resume(p, &cached)->position(), 200);
+  EXPECT_EQ(e->prefix_cache_stats().hits, 1);
+}
+
 // ---- Every part of the state is needed ----------------------------------
 
 // Position 130 leaves two tokens of an unfinished block at both ratios (4

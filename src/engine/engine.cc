@@ -219,8 +219,9 @@ std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& ses
   return r;
 }
 
-// A state that does not restore (a blob that does not fit the model, a
-// full pool) is a warning: the request is prefilled from the start instead.
+// A state whose blob does not fit the model is a warning and is forgotten;
+// one that finds no room in the pool is kept for later. Either way the
+// session starts empty and the request is prefilled from the start.
 std::unique_ptr<Session> Engine::resume(const std::vector<int32_t>& prompt, int64_t* cached_tokens) {
   ++impl_->prefix_stats.lookups;
   if (cached_tokens) *cached_tokens = 0;
@@ -229,13 +230,17 @@ std::unique_ptr<Session> Engine::resume(const std::vector<int32_t>& prompt, int6
   std::optional<PrefixCache::Hit> hit = impl_->prefix->lookup(prompt);
   if (!hit) return s;
   try {
-    restore_state(*impl_->model, *hit->blob, s->state_->request);
+    snapshot_position(*impl_->model, *hit->blob);
   } catch (const Error& e) {
-    std::fprintf(stderr, "dsv4: warning: prefix cache: the state of %zu tokens does not restore: %s; prefilling instead\n",
+    std::fprintf(stderr, "dsv4: warning: prefix cache: the state of %zu tokens does not fit the model: %s; prefilling instead\n",
                  hit->tokens.size(), e.what());
     impl_->prefix->drop(hit->tokens);
-    s.reset();
-    return new_session();
+    return s;
+  }
+  try {
+    restore_state(*impl_->model, *hit->blob, s->state_->request);
+  } catch (const Error&) {
+    return s;  // a full pool: restore_state took no page
   }
   s->state_->tokens = std::move(hit->tokens);
   ++impl_->prefix_stats.hits;

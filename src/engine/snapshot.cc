@@ -136,6 +136,12 @@ size_t snapshot_bytes(const Model& m, int64_t N) {
   return header_bytes(c) + payload_bytes(sections(m, N, n_rows));
 }
 
+int64_t snapshot_position(const Model& m, const std::vector<uint8_t>& blob) {
+  int64_t N = 0;
+  blob_sections(m, blob, &N);
+  return N;
+}
+
 void restore_state(const Model& m, const std::vector<uint8_t>& blob, RequestState& st) {
   if (st.n_tokens != 0 || st.cache_bytes() != 0) throw Error("snapshot: restore needs an empty request state");
   int64_t N = 0;

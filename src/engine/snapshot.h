@@ -21,6 +21,10 @@ std::vector<uint8_t> snapshot_state(const Model& model, const RequestState& st);
 // state: every part's size follows from the config and the position).
 size_t snapshot_bytes(const Model& model, int64_t n_tokens);
 
+// The position of the state in `blob`, after checking that the blob fits
+// this model; throws dsv4::Error saying how it does not.
+int64_t snapshot_position(const Model& model, const std::vector<uint8_t>& blob);
+
 // `st` (initialised with this model, pages from its pool) becomes the state
 // in `blob`. Throws dsv4::Error when the blob does not fit the model ("the
 // snapshot has N bytes, expected M") before taking any page, or when the
