@@ -443,6 +443,25 @@ TEST(StateFiles, DamagedFilesAreRefusedAndThePromptPrefilled) {
   }
 }
 
+// Any one byte changed, wherever it is (magic, version, counts, checksums,
+// token ids, payload), makes the header or the payload check throw.
+TEST(StateFiles, EveryFlippedByteIsCaught) {
+  TempDir tmp;
+  const std::string path = tmp / "s.dsv4state";
+  const std::vector<int32_t> ids = {0, 5, 9, 1000};
+  std::vector<uint8_t> payload(3000);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 37);
+  write_state_file(path, 42, ids, payload);
+  const std::vector<uint8_t> good = testing::read_bytes(path);
+  EXPECT_EQ(read_state_payload(read_state_header(path, 42)), payload);
+  for (size_t at = 0; at < good.size(); at += (at < 80 ? 1 : 97)) {
+    std::vector<uint8_t> bad = good;
+    bad[at] ^= 0x04;
+    testing::write_bytes(path, bad);
+    EXPECT_THROW(read_state_payload(read_state_header(path, 42)), Error) << "byte " << at;
+  }
+}
+
 TEST(StateFiles, UnwritableDirectoryIsAWarning) {
   TempDir tmp;
   testing::write_bytes(tmp / "file", {1, 2, 3});
