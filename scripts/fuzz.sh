@@ -37,7 +37,7 @@ CXX_BIN=""
 for c in clang++-14 clang++; do
   if command -v "$c" >/dev/null; then CXX_BIN=$c; break; fi
 done
-packages=(clang-14 libclang-rt-14-dev cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libopenmpi-dev)
+packages=(clang-14 libclang-rt-14-dev cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libxxhash-dev libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

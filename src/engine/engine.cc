@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <unistd.h>
 
@@ -7,6 +9,9 @@
 #include "core/thread_pool.h"
 #include "dist/ep.h"
 #include "engine/prefill.h"
+#include "engine/prefix_cache.h"
+#include "engine/snapshot.h"
+#include "io/state_file.h"
 #include "io/text_file.h"
 #include "io/weight_check.h"
 #include "model/model.h"
@@ -21,7 +26,21 @@ struct Engine::Impl {
   std::unique_ptr<dist::MpiExpertRunner> experts;  // under expert_parallel
   BatchActivations activations;                    // every append's blocks, kept
   int live_sessions = 0;
+  // Null when off (no budget and no state directory).
+  std::unique_ptr<PrefixCache> prefix;
   PrefixCacheStats prefix_stats;
+
+  // Takes the state of `st` (whose tokens are `tokens`) into the prefix
+  // cache unless it holds that state already.
+  void take_snapshot(const RequestState& st, const std::vector<int32_t>& tokens) {
+    if (!prefix || tokens.empty() || prefix->contains(tokens)) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<uint8_t> blob = snapshot_state(*model, st);
+    prefix_stats.snapshot_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    prefix_stats.snapshot_bytes += blob.size();
+    ++prefix_stats.snapshots;
+    prefix->insert(tokens, std::move(blob));
+  }
 
   PrefillOptions prefill_options(const AppendOptions& what) const {
     PrefillOptions p;
@@ -90,6 +109,9 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     });
   impl->tokenizer = model_tokenizer(o.model_dir, impl->model->config);
   if (ep) impl->experts = std::make_unique<dist::MpiExpertRunner>(impl->model->config.n_routed_experts);
+  if (o.prefix_cache_bytes > 0 || !o.state_dir.empty())
+    impl->prefix = std::make_unique<PrefixCache>(o.prefix_cache_bytes, o.state_dir,
+                                                 model_fingerprint(impl->model->config, impl->model->checkpoint));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -177,8 +199,18 @@ std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& ses
     if (s->engine_ != this) throw Error("append_batch: a session of another engine");
     states.push_back(&s->state_->request);
   }
-  std::vector<PrefillResult> r = extend_batch(*impl_->model, states, tokens, impl_->prefill_options(what),
-                                              impl_->experts.get(), &impl_->activations);
+  PrefillOptions po = impl_->prefill_options(what);
+  const int64_t every = impl_->opts.snapshot_every;
+  if (impl_->prefix && every > 0)
+    po.round_done = [&](size_t q, int64_t from, int64_t to) {
+      if (to / every == from / every) return;
+      // The session's token list still ends where this append started.
+      std::vector<int32_t> t = sessions[q]->state_->tokens;
+      t.insert(t.end(), tokens[q].begin(), tokens[q].begin() + (to - int64_t(t.size())));
+      impl_->take_snapshot(*states[q], t);
+    };
+  std::vector<PrefillResult> r = extend_batch(*impl_->model, states, tokens, po, impl_->experts.get(),
+                                              &impl_->activations);
   for (size_t i = 0; i < sessions.size(); ++i)
     if (r[i].error.empty()) {
       std::vector<int32_t>& t = sessions[i]->state_->tokens;
@@ -187,18 +219,46 @@ std::vector<PrefillResult> Engine::append_batch(const std::vector<Session*>& ses
   return r;
 }
 
-// The prefix cache is not built yet: resume() starts empty, remember()
-// keeps nothing.
+// A state whose blob does not fit the model is a warning and is forgotten;
+// one that finds no room in the pool is kept for later. Either way the
+// session starts empty and the request is prefilled from the start.
 std::unique_ptr<Session> Engine::resume(const std::vector<int32_t>& prompt, int64_t* cached_tokens) {
-  (void)prompt;
   ++impl_->prefix_stats.lookups;
   if (cached_tokens) *cached_tokens = 0;
-  return new_session();
+  std::unique_ptr<Session> s = new_session();
+  if (!impl_->prefix) return s;
+  std::optional<PrefixCache::Hit> hit = impl_->prefix->lookup(prompt);
+  if (!hit) return s;
+  try {
+    snapshot_position(*impl_->model, *hit->blob);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dsv4: warning: prefix cache: the state of %zu tokens does not fit the model: %s; prefilling instead\n",
+                 hit->tokens.size(), e.what());
+    impl_->prefix->drop(hit->tokens);
+    return s;
+  }
+  try {
+    restore_state(*impl_->model, *hit->blob, s->state_->request);
+  } catch (const Error&) {
+    return s;  // a full pool: restore_state took no page
+  }
+  s->state_->tokens = std::move(hit->tokens);
+  ++impl_->prefix_stats.hits;
+  impl_->prefix_stats.cached_tokens += s->position();
+  if (cached_tokens) *cached_tokens = s->position();
+  return s;
 }
 
-void Engine::remember(const Session& s) { (void)s; }
+void Engine::remember(const Session& s) {
+  if (s.engine_ != this) throw Error("remember: a session of another engine");
+  impl_->take_snapshot(s.state_->request, s.state_->tokens);
+}
 
-PrefixCacheStats Engine::prefix_cache_stats() const { return impl_->prefix_stats; }
+PrefixCacheStats Engine::prefix_cache_stats() const {
+  PrefixCacheStats s = impl_->prefix_stats;
+  if (impl_->prefix) impl_->prefix->fill_stats(&s);
+  return s;
+}
 
 dist::EpTotals Engine::take_expert_parallel_totals(double wall_seconds) {
   if (!impl_->experts) return {};

@@ -33,12 +33,20 @@ struct EngineOptions {
   // others through the MPI runner (PREFILL.md §4). Off: every expert here.
   bool expert_parallel = false;
   // The prefix cache: states of earlier sessions kept by their token ids,
-  // for Engine::resume. 0 bytes: off.
+  // for Engine::resume. 0 bytes: off (unless state_dir is set: then the
+  // states live in their files only and are read back on demand).
   size_t prefix_cache_bytes = 0;
   // Inside a long append, also keep the state every this many tokens (0:
-  // only what remember() is given).
+  // only what remember() is given). Taken at the end of the first chunk
+  // round (chunk_tokens positions, rounded up to whole tiles) that reaches
+  // or passes each multiple, never at the end of the append itself (that
+  // state is remember()'s): with the defaults, exactly at every multiple
+  // of 2048.
   int64_t snapshot_every = 2048;
-  // Keep the cached states in files here across restarts (empty: memory only).
+  // Keep the cached states in files here across restarts (empty: memory
+  // only); made if missing. A file of another model or format, cut short
+  // or damaged is named on stderr and ignored; an unwritable directory or
+  // a full disk is a warning and requests still answer.
   std::string state_dir;
 
   // Throws dsv4::Error naming the first option out of range (the checks
@@ -55,7 +63,13 @@ struct PrefixCacheStats {
   int64_t cached_tokens = 0;  // positions not prefilled again, summed over hits
   int64_t entries = 0;        // states held now
   int64_t evictions = 0;      // states dropped for room
-  size_t bytes = 0;           // bytes the states hold now
+  size_t bytes = 0;           // bytes the states hold now (in memory; files not counted)
+  // The states taken (remember() and inside long appends): how many, the
+  // seconds spent copying them out of the sessions' pages (files not
+  // included) and their bytes, summed. Per snapshot: divide by snapshots.
+  int64_t snapshots = 0;
+  double snapshot_seconds = 0;
+  size_t snapshot_bytes = 0;
 };
 
 // One request's state: its position, caches and last logits. Made by
@@ -126,6 +140,9 @@ class Engine {
   void set_cache_pool_bytes(size_t bytes);
   std::unique_ptr<Session> new_session();
 
+  // The prefix cache (engine/prefix_cache.h; docs/ARCHITECTURE.md). Like
+  // everything else here, to be driven from one thread: nothing is locked.
+  //
   // A session for a request whose prompt is `prompt`: a copy of the longest
   // cached state whose tokens are a prefix of `prompt` and leave at least
   // one of its tokens to append (so that the append gives logits), or an

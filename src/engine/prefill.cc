@@ -336,6 +336,9 @@ std::vector<PrefillResult> extend_batch(const Model& model, const std::vector<Re
                       X + s.row0 * row_floats, size_t(s.n * row_floats) * sizeof(float));
     }
     finish_round(model, segs, plans, opts, X, res);
+    if (opts.round_done)
+      for (const Segment& s : segs)
+        if (s.i0 + s.n < plans[s.request].n) opts.round_done(s.request, s.p0, s.p0 + s.n);
     done += rows;
   }
   return res;

@@ -28,6 +28,10 @@ struct PrefillOptions {
   // Teacher forcing: [layers][N][hc][D]; layer L > 0 takes IN[L−1] as input.
   const float* teacher = nullptr;
   ProgressFn progress;
+  // Called after each chunk round that does not end its request's append:
+  // request index, its position before and after the round (the state is
+  // then exactly at `to`). The engine takes its periodic snapshots here.
+  std::function<void(size_t request, int64_t from, int64_t to)> round_done;
 };
 
 // What one append returns besides the last row's logits (dumps and the

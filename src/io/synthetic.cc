@@ -128,6 +128,11 @@ ModelConfig synthetic_config(const SyntheticOptions& o) {
     c.n_routed_experts = o.experts;
     c.num_experts_per_tok = std::min(c.num_experts_per_tok, o.experts);
   }
+  if (o.sliding_window != -1) {
+    if (o.sliding_window < 1)
+      throw Error(origin + ": sliding_window must be >= 1, got " + std::to_string(o.sliding_window));
+    c.sliding_window = o.sliding_window;
+  }
   if (o.vocab != -1) {
     const int least = std::max(c.bos_token_id, c.eos_token_id) + 1;
     if (o.vocab < least)

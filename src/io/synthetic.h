@@ -17,6 +17,7 @@ struct SyntheticOptions {
   int layers = -1;   // overrides (-1 = the preset's value)
   int experts = -1;
   int vocab = -1;
+  int sliding_window = -1;
   int shards = 2;    // safetensors files (1 = a single model.safetensors)
 };
 
