@@ -23,12 +23,6 @@ using nlohmann::ordered_json;
 using testing::run_command;
 using testing::TempDir;
 
-// TIGHTEN when the engine's prefix cache works (issue 24, parts 1-3): set
-// to true, and every chat-mode turn after the first must report as cached
-// all the tokens of the turn before (its prompt and its answer). Until then
-// resume() always starts empty and cached_tokens is 0.
-constexpr bool kPrefixCacheWorks = false;
-
 // The tiny preset with the real vocabulary and the V4 tokenizer.json, made
 // once for all the tests here.
 class ChatCli : public ::testing::Test {
@@ -128,7 +122,7 @@ TEST_F(ChatCli, FourTurnsThroughAPipeAreFreshGenerationsOfTheWholeConversation) 
     const auto prompt = got[k]["prompt"].get<std::vector<int32_t>>();
     ASSERT_GT(prompt.size(), before.size());
     EXPECT_TRUE(std::equal(before.begin(), before.end(), prompt.begin()));
-    EXPECT_EQ(got[k]["cached_tokens"], kPrefixCacheWorks ? int64_t(before.size()) : 0);
+    EXPECT_EQ(got[k]["cached_tokens"], int64_t(before.size()));
     EXPECT_EQ(got[k]["prefix_cache"]["lookups"], k + 1);
   }
   EXPECT_EQ(got[0]["cached_tokens"], 0);
@@ -156,7 +150,7 @@ TEST_F(ChatCli, ThinkingModeRendersAndDropsTheEarlierReasoning) {
   ASSERT_GT(second.size(), first.size());
   EXPECT_TRUE(std::equal(first.begin(), first.end() - 1, second.begin()));
   EXPECT_EQ(second[first.size() - 1], tokenizer_->token_id(kThinkingEndToken));
-  EXPECT_EQ(got[1]["cached_tokens"], kPrefixCacheWorks ? int64_t(first.size()) - 1 : 0);
+  EXPECT_EQ(got[1]["cached_tokens"], int64_t(first.size()) - 1);
   EXPECT_NE(got[0]["reasoning_content"], "");  // six tokens are not enough to close it
 }
 
