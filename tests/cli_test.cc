@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -487,6 +488,37 @@ TEST(Inputs, ContextLimitIsNamedForWhatItLimits) {
     expect_clean_error(run_dsv4(g + o), "needs 9 positions, more than the limit of 8 (--max-context");
   EXPECT_EQ(run_dsv4(g + "--max-context 9 --json").exit_code, 0);
   EXPECT_NE(run_dsv4("generate --help").output.find("prompt plus"), std::string::npos);
+}
+
+// generate --state-dir: a second run of the same prompt resumes from the
+// state the first left on disk (all of the prompt but its last token) and
+// gives the same tokens; a damaged state file is refused with a warning and
+// the prompt is prefilled instead, with the same answer.
+TEST(Generate, StateDirResumesTheSamePromptAcrossRuns) {
+  TempDir tmp;
+  const std::string g = "generate --model " + golden_dir() + " --prompt 'hello there' --ignore-eos -n 6 --json " +
+                        "--state-dir " + (tmp / "states");
+  auto first = nlohmann::json::parse(run_dsv4(g).output, nullptr, false);
+  ASSERT_TRUE(first.is_object());
+  EXPECT_EQ(first["cached_tokens"], 0);
+  const auto again = testing::run_command(std::string(DSV4_BIN) + " " + g + " 2>/dev/null");
+  auto second = nlohmann::json::parse(again.output, nullptr, false);
+  ASSERT_TRUE(second.is_object()) << again.output;
+  EXPECT_EQ(second["cached_tokens"], first["prompt_tokens"].get<int64_t>() - 1);
+  EXPECT_EQ(second["generated"], first["generated"]);
+  // Flip one byte near the end of every state file.
+  for (const auto& e : std::filesystem::directory_iterator(tmp / "states")) {
+    std::vector<uint8_t> b = testing::read_bytes(e.path().string());
+    ASSERT_GT(b.size(), 16u);
+    b[b.size() - 9] ^= 0x40;
+    testing::write_bytes(e.path().string(), b);
+  }
+  const auto damaged = run_dsv4(g);  // stderr too: the warning comes first
+  EXPECT_NE(damaged.output.find("dsv4: warning: "), std::string::npos) << damaged.output;
+  auto third = nlohmann::json::parse(damaged.output.substr(damaged.output.rfind("\n{") + 1), nullptr, false);
+  ASSERT_TRUE(third.is_object()) << damaged.output;
+  EXPECT_EQ(third["cached_tokens"], 0);
+  EXPECT_EQ(third["generated"], first["generated"]);
 }
 
 }  // namespace

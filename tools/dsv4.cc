@@ -473,6 +473,10 @@ int cmd_generate(const Options& a) {
   p.ignore_eos = a.has("ignore-eos");
   p.progress = print;
   p.keep_logits = a.has("dump-logits-all");
+  // With the prefix cache on, also keep the prompt's state (but its last
+  // token): the same prompt run again then prefills one token, whatever it
+  // generated before.
+  p.remember_before_last = engine->options().prefix_cache_bytes > 0 || !engine->options().state_dir.empty();
   size_cache_pool(a, *engine, engine->cache_bytes_for(n_prompt + p.max_new_tokens - 1));
   const Generation g = cli::generate(*engine, tokens, p, out);
   if (print) write_stdout("\n");
