@@ -183,6 +183,12 @@ void Engine::set_cache_pool_bytes(size_t bytes) {
   impl_->pool = std::make_unique<CachePool>(bytes);
 }
 
+Engine::CachePoolUse Engine::cache_pool_use() const {
+  const CachePool* pool = impl_->pool.get();
+  if (!pool) return {};
+  return {pool->total_pages() * pool->page_bytes(), (pool->total_pages() - pool->free_pages()) * pool->page_bytes()};
+}
+
 std::unique_ptr<Session> Engine::new_session() {
   if (!impl_->pool) set_cache_pool_bytes(cache_bytes_for(position_limit()));
   auto state = std::make_unique<Session::State>();

@@ -138,6 +138,13 @@ class Engine {
   // set; set it while no session is alive).
   size_t cache_bytes_for(int64_t positions) const;
   void set_cache_pool_bytes(size_t bytes);
+  // The pool's size and the bytes sessions hold now (0 and 0 before the
+  // pool is made).
+  struct CachePoolUse {
+    size_t total_bytes = 0;
+    size_t used_bytes = 0;
+  };
+  CachePoolUse cache_pool_use() const;
   std::unique_ptr<Session> new_session();
 
   // The prefix cache (engine/prefix_cache.h; docs/ARCHITECTURE.md). Like
