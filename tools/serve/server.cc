@@ -100,7 +100,9 @@ class Server {
   ServeOptions options_;
   httplib::Server http_;
   std::atomic<State> state_{State::kLoading};
-  std::atomic<bool> load_failed_{false}, loader_done_{false}, watcher_stop_{false};
+  // loaded_: the engine, scheduler and model_ are set (handlers read them
+  // only after seeing it).
+  std::atomic<bool> loaded_{false}, load_failed_{false}, loader_done_{false}, watcher_stop_{false};
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Scheduler> scheduler_;
   ModelInfo model_;
@@ -140,7 +142,7 @@ void Server::add_routes() {
     res.set_content(std::string(kChatPage), "text/html; charset=utf-8");
   });
   http_.Get("/health", [this](const Request&, Response& res) {
-    const bool loading = state_ == State::kLoading;
+    const bool loading = !loaded_;
     send_json(res, loading ? 503 : 200, ojson{{"status", loading ? "loading" : "ok"}});
   });
   http_.Get("/v1/models", [this](const Request&, Response& res) { handle_models(res); });
@@ -182,7 +184,7 @@ httplib::Server::HandlerResponse Server::before_routing(const Request& req, Resp
                              "Missing or wrong API key: send the header Authorization: Bearer KEY."));
     return R::Handled;
   }
-  if (state_ == State::kLoading) {
+  if (!loaded_) {
     send_error(res, loading_error());
     return R::Handled;
   }
@@ -359,6 +361,7 @@ void Server::load() {
                         : engine_->config().bos_token_id;
     model_.fingerprint = "dsv4-" + options_.version;
     scheduler_ = std::make_unique<Scheduler>(*engine_, SchedulerOptions{options_.parallel, options_.max_queue});
+    loaded_ = true;
     State loading = State::kLoading;
     if (state_.compare_exchange_strong(loading, State::kReady))
       std::fprintf(stderr, "dsv4 serve: model %s ready (%lld positions, %d at once, cache pool %zu MiB%s)\n",
