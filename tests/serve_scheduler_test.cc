@@ -160,6 +160,16 @@ TEST(ServeScheduler, TogetherEqualsAloneAndTheCli) {
   }
 }
 
+// Polls until `done` holds (the scheduler publishes after its step).
+template <class F>
+bool eventually(F done) {
+  for (int i = 0; i < 3000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return done();
+}
+
 // A 640-token prompt takes one 64-token chunk per step (10 steps alone);
 // beside a decoding stream it does not add steps to it: the two share them.
 TEST(ServeScheduler, LongPrefillAdvancesOneChunkPerStep) {
@@ -177,6 +187,8 @@ TEST(ServeScheduler, LongPrefillAdvancesOneChunkPerStep) {
   {
     Scheduler s(*engine, {});
     collect(*s.submit(longer));
+    // The final update comes before the step is counted.
+    ASSERT_TRUE(eventually([&] { return s.metrics().running == 0; }));
     EXPECT_EQ(s.metrics().steps_total, 10);
   }
   Scheduler s(*engine, {});
@@ -185,19 +197,10 @@ TEST(ServeScheduler, LongPrefillAdvancesOneChunkPerStep) {
   const Answer answer = collect(*a);
   collect(*b);
   EXPECT_EQ(answer.tokens.size(), 60u);
+  ASSERT_TRUE(eventually([&] { return s.metrics().running == 0; }));
   // Alone: 60 steps (the prompt, then 59 decodes). The long prompt joins
   // within the first steps and its 10 ride along; in series it would be 70.
   EXPECT_LE(s.metrics().steps_total, 62);
-}
-
-// Polls until `done` holds (the scheduler publishes after its step).
-template <class F>
-bool eventually(F done) {
-  for (int i = 0; i < 3000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return done();
 }
 
 TEST(ServeScheduler, CancelFreesPages) {
@@ -216,7 +219,7 @@ TEST(ServeScheduler, CancelFreesPages) {
   ASSERT_TRUE(streams[0]->next(&u, 30s));
   ASSERT_TRUE(streams[1]->next(&u, 30s));
   EXPECT_FALSE(streams[2]->admitted());  // parallel = 2
-  EXPECT_GT(s.metrics().cache_pool_bytes_used, 0u);
+  EXPECT_TRUE(eventually([&] { return s.metrics().cache_pool_bytes_used > 0; }));
   for (auto& st : streams) st->cancel();
   for (size_t i = 0; i < streams.size(); ++i) {
     const Answer a = collect(*streams[i]);
