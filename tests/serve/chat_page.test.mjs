@@ -30,6 +30,8 @@ async function openPage() {
   const res = await page.goto(s.url + '/');
   assert.equal(res.status(), 200);
   assert.match(res.headers()['content-type'] ?? '', /text\/html/);
+  // The page says ready once it can send.
+  await page.waitForFunction(() => document.querySelector('div#status')?.textContent.trim() === 'ready', null, { timeout: 60e3 });
   return { page, requests, errors };
 }
 
@@ -74,9 +76,13 @@ test('the page has its elements', async () => {
 test('a question streams an answer into .content; #status says ready at the end', { timeout: 200e3 }, async () => {
   const { page, requests, errors } = await openPage();
   const types = [];
-  page.on('response', (r) => { if (r.url().endsWith('/v1/chat/completions')) types.push(r.headers()['content-type'] ?? ''); });
+  const statuses = [];
+  page.on('response', (r) => {
+    if (r.url().endsWith('/v1/chat/completions')) { types.push(r.headers()['content-type'] ?? ''); statuses.push(r.status()); }
+  });
   const q = 'Write a long poem about the sea, please.';
   const { lengths, content } = await ask(page, q);
+  assert.deepEqual(statuses, [200], 'the chat request succeeded');
   assert.ok(content.trim().length > 0, 'the answer is not empty');
   const posts = requests.filter((r) => r.method === 'POST' && r.url.endsWith('/v1/chat/completions'));
   assert.equal(posts.length, 1, `one chat request: ${JSON.stringify(requests.map((r) => r.url))}`);
