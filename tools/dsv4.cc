@@ -44,6 +44,7 @@
 #include "generation.h"
 #include "options.h"
 #include "progress.h"
+#include "serve/serve_command.h"
 
 using namespace dsv4;
 using nlohmann::json;
@@ -997,6 +998,8 @@ const CommandSpec kBench{
       "at least 256 MiB, at most 4 GiB or 1/16 of the memory)"}},
     bench_rules()};
 
+int cmd_serve(const Options& a) { return serve::run_serve(a, DSV4_VERSION); }
+
 struct Command {
   const CommandSpec* spec;
   int (*run)(const Options&);
@@ -1005,7 +1008,7 @@ struct Command {
 
 const std::vector<Command> kCommands = {
     {&kPrefill, cmd_prefill, true},         {&kGenerate, cmd_generate, false},
-    {&kChatCommand, cmd_chat, false},
+    {&kChatCommand, cmd_chat, false},       {&serve::serve_command(), cmd_serve, false},
     {&kGenModel, cmd_gen_model, false},     {&kInfo, cmd_info, false},
     {&kTokenize, cmd_tokenize, false},      {&kDetokenize, cmd_detokenize, false},
     {&kMakeTokenizer, cmd_make_tokenizer, false}, {&kBenchTokenizer, cmd_bench_tokenizer, false},
