@@ -6,7 +6,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { startServer, assertError, sleep, readSSE, SCALE, tail } from './server.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+import { execFile } from 'node:child_process';
+import { startServer, assertError, sleep, readSSE, SCALE, tail, WORK } from './server.mjs';
 
 const KEY = 'sk-hostile';
 let s, auth;
@@ -174,12 +177,17 @@ test('wrong method → 405 method_not_allowed', async () => {
 });
 
 test('body over --max-body-mb → 413 request_too_large', async () => {
-  const big = JSON.stringify(chat({ messages: [user('x'.repeat(2 << 20))] }));
-  const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(big)}\r\nConnection: close\r\n\r\n`;
-  const r = await raw(s.port, head + big, { ms: 20000 });
-  assert.equal(r.status, 413, `status; raw answer: ${tail(r.raw, 500)}`);
-  const j = rawJSON(r);
-  assertError({ status: r.status, body: j, text: r.body }, 413, 'invalid_request_error', 'request_too_large', '2 MiB body');
+  // curl reads the answer while it sends (the server answers before it has
+  // read the body, and closes).
+  const big = path.join(WORK, `big-body-${process.pid}.json`);
+  fs.writeFileSync(big, JSON.stringify(chat({ messages: [user('x'.repeat(2 << 20))] })));
+  const out = await new Promise((resolve, reject) => execFile('curl', ['-sS', '--max-time', '60', '-H', 'Content-Type: application/json',
+    '--data-binary', `@${big}`, '-w', '\n%{http_code}', `${s.url}/v1/chat/completions`], (e, stdout, stderr) => (e ? reject(new Error(`curl: ${e.message} ${stderr}`)) : resolve(stdout))));
+  fs.rmSync(big, { force: true });
+  const i = out.lastIndexOf('\n');
+  const status = Number(out.slice(i + 1)), text = out.slice(0, i);
+  let j = null; try { j = JSON.parse(text); } catch { /* checked below */ }
+  assertError({ status, body: j, text }, 413, 'invalid_request_error', 'request_too_large', '2 MiB body');
   // Just under the limit is not refused for its size.
   const ok = await s.json('/v1/chat/completions', chat({ messages: [user('x'.repeat(900 << 10))] }));
   assert.notEqual(ok.status, 413, 'a 0.9 MiB body is under --max-body-mb 1');

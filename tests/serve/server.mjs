@@ -105,6 +105,16 @@ export async function startServer(args = [], { model = makeModel(), waitHealthy 
       return { status: r.status, headers: r.headers, body: j, text };
     },
     async metrics(headers = {}) { return parseMetrics(await (await s.get('/metrics', headers)).text()); },
+    // /metrics once nothing runs or waits (a request whose answer is out may
+    // still take a step: the prefix cache keeps the state after the answer).
+    async settled(headers = {}, ms = 10e3) {
+      const end = Date.now() + ms;
+      for (;;) {
+        const m = await s.metrics(headers);
+        if ((m.dsv4_requests_running === 0 && m.dsv4_requests_queued === 0) || Date.now() > end) return m;
+        await sleep(50);
+      }
+    },
     // SIGTERM; the process must exit 0 within deadlineMs.
     async stop({ deadlineMs = 30e3, signal = 'SIGTERM' } = {}) {
       if (exited === null && signal) proc.kill(signal);
