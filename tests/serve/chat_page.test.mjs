@@ -14,7 +14,7 @@ let s, browser;
 before(async () => {
   assert.ok(fs.existsSync(CHROMIUM), `no chromium at ${CHROMIUM} (scripts/setup_serve_tests.sh installs Debian's)`);
   [s, browser] = await Promise.all([
-    startServer(['--max-context', '1024']),
+    startServer(['--max-context', '384']),
     chromium.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox'] }),
   ]);
 });
