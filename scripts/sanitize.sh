@@ -9,10 +9,13 @@
 #       one test left out is Prompts/TileSizes.BitwiseIdenticalToWholePrompt/8192
 #       (~12 minutes under ASan on 2 cores; the 1..1000-token sweeps, the
 #       8192-token CacheBytes run and the Release suite cover the same code).
+#       The serve tests (tests/serve, ctest -L serve) run against the ASan
+#       server with their load and fuzz phases cut to a tenth.
 # tsan: build-tsan/ with -fsanitize=thread; ctest --preset tsan runs the
 #       threaded tests (thread counts, linear/attention/MoE/compressor/indexer
 #       kernels, tiling sweeps up to 300 tokens, the cache pool, the SIGBUS and
-#       NaN CLI paths), TSAN_OPTIONS=halt_on_error=1.
+#       NaN CLI paths, and the server under tests/serve's curl and load
+#       tests, scaled down), TSAN_OPTIONS=halt_on_error=1.
 # Prints ctest's summary line per suite; exits non-zero when a suite fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -79,3 +79,4 @@ if fetch_tokenizer_base; then
   rm -f "$TOK_CACHE/FETCH_FAILED"
   echo "setup: DeepSeek-V4 tokenizer in $TOK_V4"
 fi
+bash scripts/setup_serve_tests.sh || echo "setup: WARNING: the serve tests (tests/serve) will fail: scripts/setup_serve_tests.sh failed" >&2
