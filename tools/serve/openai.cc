@@ -180,11 +180,37 @@ ojson messages_with_tools(const ojson& body) {
   return messages;
 }
 
+// The JSON types of each message's fields, as OpenAI checks them (the
+// encoder then checks what the V4 layout needs): a wrong type is
+// invalid_type, a tool result without the call it answers missing_field.
+void check_message_types(const ojson& messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    const ojson& m = messages[i];
+    if (!m.is_object()) throw invalid_type(at, "an object");
+    const ojson* role = field(m, "role");
+    if (!role) throw missing_field(at + ".role");
+    if (!role->is_string()) throw invalid_type(at + ".role", "a string");
+    const ojson* content = field(m, "content");
+    if (content && !content->is_string() && !content->is_array())
+      throw invalid_type(at + ".content", "a string, an array of parts or null");
+    for (const char* key : {"reasoning_content", "tool_call_id", "name"}) {
+      const ojson* v = field(m, key);
+      if (v && !v->is_string()) throw invalid_type(at + "." + key, "a string");
+    }
+    const ojson* calls = field(m, "tool_calls");
+    if (calls && !calls->is_array()) throw invalid_type(at + ".tool_calls", "an array");
+    const ojson* call_id = field(m, "tool_call_id");
+    if (*role == "tool" && (!call_id || !call_id->is_string())) throw missing_field(at + ".tool_call_id");
+  }
+}
+
 std::vector<int32_t> chat_prompt(const ojson& body, const ModelInfo& model, ApiRequest* r) {
   const ojson* messages = field(body, "messages");
   if (!messages) throw missing_field("messages");
   if (!messages->is_array()) throw invalid_type("messages", "an array of messages");
   if (messages->empty()) throw invalid_value("messages", "messages must not be empty");
+  check_message_types(*messages);
   if (!model.tokenizer) throw invalid_value("messages", "chat needs the model's tokenizer.json");
   EncodeOptions o;
   o.thinking_mode = r->thinking = read_thinking(body);
@@ -278,6 +304,8 @@ ojson ApiError::body() const {
   return ojson{{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? ojson() : ojson(param)},
                           {"code", code}}}};
 }
+
+std::string json_text(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 ApiError invalid_type(const std::string& param, const std::string& expected) {
   return ApiError(400, "invalid_request_error", "invalid_type",

@@ -35,6 +35,10 @@ struct ApiError : std::exception {
   ojson body() const;
 };
 
+// JSON text for the client; bytes that are not UTF-8 (a parse error quoting
+// the body, a model's cut character) become U+FFFD instead of throwing.
+std::string json_text(const ojson& j);
+
 // The 400s of a request field.
 ApiError invalid_type(const std::string& param, const std::string& expected);
 ApiError invalid_value(const std::string& param, const std::string& message);

@@ -45,7 +45,7 @@ void install_signal_handlers() {
 
 void send_json(Response& res, int status, const ojson& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(json_text(body), "application/json");
 }
 
 void send_error(Response& res, const ApiError& e) {
@@ -296,7 +296,7 @@ void Server::answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::sh
   const auto keepalive = std::chrono::duration<double>(options_.keepalive_seconds);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
+      "text/event-stream; charset=utf-8",
       [st, keepalive](size_t, DataSink& sink) {
         Update u;
         if (!st->stream->next(&u, kStreamPoll)) {
@@ -309,11 +309,11 @@ void Server::answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::sh
           return true;
         }
         for (const ojson& c : st->writer.chunks(u))
-          if (!st->send_data(sink, c.dump())) {
+          if (!st->send_data(sink, json_text(c))) {
             st->stream->cancel();
             return false;
           }
-        if (u.finish == Finish::kError) st->send_data(sink, update_error(u).body().dump());
+        if (u.finish == Finish::kError) st->send_data(sink, json_text(update_error(u).body()));
         if (u.finish != Finish::kNone) {
           st->send(sink, "data: [DONE]\n\n");
           sink.done();
