@@ -97,7 +97,9 @@ const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150
 void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true) {
   const Weight& w = rw.w;
   const Isa best = kernel_isa();
-  for (int64_t M : {1, 2, 3, 5, 9}) {  // 5: a tile takes 4 rows, then 1; 9: past kGemvMaxRows (gemm)
+  // 5, 8: one pass of the tile; 9, 13: 8 rows, then 1 or 5; 16: two passes
+  // of 8 (kGemvMaxRows); 17: past it (gemm).
+  for (int64_t M : {1, 2, 3, 5, 8, 9, 13, 16, 17}) {
     const int64_t ldx = w.in + 3, ldy = w.out + 5;
     const std::vector<float> x = random_rows(M, ldx, uint32_t(w.out * 7 + M));
     // Whole weight and a row range that starts inside a tile.

@@ -46,7 +46,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
     for (int64_t t = t0; t < t1 && ok.load(std::memory_order_relaxed); ++t) {
       const int64_t o0 = row_begin + t * kGemvTileRows, o1 = std::min(row_end, o0 + kGemvTileRows);
       float* yt = y + (o0 - row_begin);
-      // Input rows 4 at a time (the tile kernels' most): the tile's weight
+      // Input rows 8 at a time (the tile kernels' most): the tile's weight
       // rows are then read again from L2, not from memory.
       for (int64_t m0 = 0; m0 < M; m0 += kGemvTileInputRows)
         if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, o0, o1, yt + m0 * ldy,

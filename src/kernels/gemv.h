@@ -16,11 +16,13 @@
 
 namespace dsv4 {
 
-// Up to this many input rows linear() takes the GEMV path (4 rows at a time,
+// Up to this many input rows linear() takes the GEMV path (8 rows at a time,
 // the weight read from memory once): with the weight in L2 it matched or
-// beat gemm on one thread at 8 rows for FP8, FP4 and BF16 (session 14);
-// with more rows gemm's panels, decoded once for all of them, pay off.
-constexpr int64_t kGemvMaxRows = 8;
+// beat gemm on one thread at 8 rows for FP8, FP4 and BF16 (session 14).
+// Decode streams the weights from memory, where gemm's panels (decoded to
+// fp32, stored, packed again) cost more than gemv's second pass over a tile
+// in L2: 16 streams decoding together (issue 23) take the GEMV path too.
+constexpr int64_t kGemvMaxRows = 16;
 
 // Whether gemv can take this weight and M here: an AVX-512 CPU and kernel
 // variant (core/cpu.h), an FP8 (in and block multiples of 16), FP4 or BF16

@@ -103,7 +103,7 @@ struct Sums {
   }
   // Every chain continues with x[m][k] times its lane of val[g].
   inline void fma(const float* xk, int64_t ldx, const __m512 (&val)[G]) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       const __m512 xb = _mm512_set1_ps(xk[m * ldx]);
 #pragma GCC unroll 4
@@ -111,7 +111,7 @@ struct Sums {
     }
   }
   void store(const __mmask16 (&keep)[G], float* y, int64_t ldy) const {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(y + m * ldy + g * kLanes, keep[g], v[m][g]);
@@ -370,11 +370,16 @@ bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t o_en
 template <int G>
 bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
                int64_t ldy) {
+  static_assert(kGemvTileInputRows == 8, "one case per row count");
   switch (M) {
     case 1: return tile<G, 1>(w, x, ldx, o0, o_end, y, ldy);
     case 2: return tile<G, 2>(w, x, ldx, o0, o_end, y, ldy);
     case 3: return tile<G, 3>(w, x, ldx, o0, o_end, y, ldy);
-    default: return tile<G, 4>(w, x, ldx, o0, o_end, y, ldy);
+    case 4: return tile<G, 4>(w, x, ldx, o0, o_end, y, ldy);
+    case 5: return tile<G, 5>(w, x, ldx, o0, o_end, y, ldy);
+    case 6: return tile<G, 6>(w, x, ldx, o0, o_end, y, ldy);
+    case 7: return tile<G, 7>(w, x, ldx, o0, o_end, y, ldy);
+    default: return tile<G, 8>(w, x, ldx, o0, o_end, y, ldy);
   }
 }
 

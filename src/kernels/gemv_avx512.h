@@ -12,8 +12,11 @@ namespace dsv4 {
 // row streams than the hardware prefetcher follows well (gemv_avx512.cc).
 constexpr int64_t kGemvTileRows = 32;
 
-// Input rows a tile takes at once: its FMA chains fill the registers.
-constexpr int64_t kGemvTileInputRows = 4;
+// Input rows a tile takes at once: 8 rows × 2 groups are 16 accumulators,
+// which with the decoding's registers still fit the 32 zmm; each further
+// pass over the tile (from L2) decodes its weights again, so 16 streams
+// decoding together take 2 passes, not 4.
+constexpr int64_t kGemvTileInputRows = 8;
 
 // Rows [o0, o_end) of the product (o_end − o0 ≤ kGemvTileRows) for M ≤
 // kGemvTileInputRows input rows x (stride ldx): the fp32 sums to y[m][o − o0] (stride ldy).
