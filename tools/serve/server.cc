@@ -296,7 +296,7 @@ void Server::answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::sh
   const auto keepalive = std::chrono::duration<double>(options_.keepalive_seconds);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream; charset=utf-8",
+      "text/event-stream",  // exactly this: httplib compresses (and so buffers) other text/ types
       [st, keepalive](size_t, DataSink& sink) {
         Update u;
         if (!st->stream->next(&u, kStreamPoll)) {

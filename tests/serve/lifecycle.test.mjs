@@ -1,0 +1,83 @@
+// A stream's life in dsv4 serve (docs/SERVER.md): a client that goes away
+// mid-stream cancels its request and its cache pages come back; a stream
+// with nothing to send yet (waiting behind another request) gets SSE comment
+// lines every --keepalive-seconds, then its answer.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, readSSE, chatOf, sleep } from './server.mjs';
+
+let s;
+// One request at a time, so that a second one waits; keep-alives every second.
+before(async () => { s = await startServer(['--parallel', '1', '--keepalive-seconds', '1', '--max-context', '2048']); });
+after(async () => { if (s) await s.stop(); });
+
+const long = (extra = {}) => ({
+  model: 'default', messages: chatOf('Tell a long story.'), max_tokens: 1500, ignore_eos: true,
+  temperature: 0, stream: true, ...extra,
+});
+
+// Reads SSE data lines from `response` until `n` have come, then aborts.
+async function readThenAbort(response, controller, n) {
+  const dec = new TextDecoder();
+  let raw = '';
+  const reader = response.body.getReader();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    raw += dec.decode(value, { stream: true });
+    // Abort while the body is still open: cancelling the body instead lets
+    // node's fetch drain the rest to keep the connection.
+    if ((raw.match(/^data: /gm) || []).length >= n) {
+      controller.abort();
+      break;
+    }
+  }
+  return raw;
+}
+
+test('a client that disconnects mid-stream cancels its request and frees its pages', async () => {
+  const before = await s.settled();
+  const controller = new AbortController();
+  const r = await fetch(s.url + '/v1/chat/completions', {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()),
+    signal: controller.signal,
+  });
+  assert.equal(r.status, 200);
+  await readThenAbort(r, controller, 4).catch(() => {});
+  const deadline = Date.now() + 30e3;
+  let m;
+  for (;;) {
+    m = await s.metrics();
+    if (m.dsv4_requests_cancelled_total > before.dsv4_requests_cancelled_total && m.dsv4_requests_running === 0) break;
+    assert.ok(Date.now() < deadline, `not cancelled 30 s after the disconnect: ${JSON.stringify(m)}`);
+    await sleep(100);
+  }
+  assert.equal(m.dsv4_requests_cancelled_total, before.dsv4_requests_cancelled_total + 1);
+  assert.equal(m.dsv4_cache_pool_bytes_used, 0, 'the cancelled request\'s pages are back in the pool');
+  assert.ok(m.dsv4_generated_tokens_total - before.dsv4_generated_tokens_total < 1500,
+    'the request stopped long before its max_tokens');
+});
+
+test('a waiting stream gets keep-alive comments, then its answer', async () => {
+  // The first request holds the only place; the second waits behind it.
+  const controller = new AbortController();
+  const first = await fetch(s.url + '/v1/chat/completions', {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long()),
+    signal: controller.signal,
+  });
+  assert.equal(first.status, 200);
+  const firstDone = readThenAbort(first, controller, 1e9).catch(() => {});
+  const second = await s.post('/v1/chat/completions', long({ max_tokens: 4, ignore_eos: false }));
+  assert.equal(second.status, 200);
+  // Let the second wait ~3 s, then free the place by dropping the first.
+  const waited = sleep(3000).then(() => controller.abort());
+  const { events, comments, raw } = await readSSE(second);
+  await waited;
+  await firstDone;
+  assert.ok(comments.length >= 2, `keep-alive comments while waiting: ${comments.length}`);
+  for (const c of comments) assert.equal(c, ': keep-alive');
+  const firstData = raw.indexOf('data: {');
+  assert.ok(raw.indexOf(': keep-alive') < firstData, 'the comments came before the answer');
+  assert.equal(events.at(-1), '[DONE]');
+  assert.ok(events.slice(0, -1).some((e) => e.choices?.[0]?.finish_reason), 'the answer finished');
+});
