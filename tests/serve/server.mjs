@@ -25,6 +25,11 @@ export const SOURCE_DIR = path.resolve(process.env.DSV4_SOURCE_DIR || path.join(
 export const BIN = path.resolve(process.env.DSV4_BIN || path.join(SOURCE_DIR, 'build', 'dsv4'));
 export const WORK = path.resolve(process.env.DSV4_SERVE_WORK || path.join(path.dirname(BIN), 'serve-tests'));
 export const SCALE = Math.min(1, Math.max(0.01, Number(process.env.DSV4_SERVE_SCALE || 1)));
+// Under a sanitizer build the RSS bounds are not checked: ASan holds freed
+// memory in its quarantine (256 MiB by default), so RSS says nothing there;
+// LeakSanitizer checks leaks instead, when the server exits (a leak makes
+// its exit status non-zero, which stop() fails on).
+export const SANITIZED = process.env.DSV4_SERVE_SANITIZED === '1';
 export const THREADS = process.env.DSV4_SERVE_THREADS || '2';
 export const TOKENIZER = path.join(SOURCE_DIR, '.cache', 'tokenizer', 'deepseek-v4', 'tokenizer.json');
 
