@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -117,8 +118,9 @@ Server::Server(const ServeOptions& o) : options_(o) {
   if (options_.model_name.empty()) options_.model_name = default_model_name(o.engine.model_dir);
   http_.set_payload_max_length(o.max_body_bytes);
   // One thread per connection: every stream holds one while it runs, so
-  // there are enough for every running and queued request, and some more.
-  const size_t threads = size_t(o.parallel + o.max_queue + 16);
+  // there are enough for every running and queued request, and some more;
+  // at most 1024 (connections past that wait in httplib's own queue).
+  const size_t threads = std::min<size_t>(size_t(o.parallel) + size_t(o.max_queue) + 16, 1024);
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   add_routes();
 }
