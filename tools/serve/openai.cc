@@ -542,6 +542,18 @@ ojson response_head(const char* object, const std::string& id, int64_t created, 
 
 }  // namespace
 
+// A whole answer around its one choice: the head, the choice, usage, and
+// the token ids when the request asked for them.
+ojson whole_response(const char* object, ojson choice, const ApiRequest& r, const Answer& a, const ModelInfo& model,
+                     const std::string& id, int64_t created) {
+  if (r.return_token_ids) choice["token_ids"] = token_ids_json(a.tokens);
+  ojson out = response_head(object, id, created, model);
+  out["choices"] = ojson::array({std::move(choice)});
+  out["usage"] = usage_json(a.final_update);
+  if (r.return_token_ids) out["prompt_token_ids"] = r.generation.prompt;
+  return out;
+}
+
 ojson chat_response(const ApiRequest& r, const Answer& a, const ModelInfo& model, const std::string& id,
                     int64_t created) {
   AnswerSplitter splitter(r.thinking);
@@ -553,12 +565,7 @@ ojson chat_response(const ApiRequest& r, const Answer& a, const ModelInfo& model
   ojson choice{{"index", 0}, {"message", std::move(message)},
                {"logprobs", r.logprobs ? chat_logprobs(a.tokens, model) : ojson()},
                {"finish_reason", finish_reason(a.final_update.finish, splitter.had_tool_calls())}};
-  if (r.return_token_ids) choice["token_ids"] = token_ids_json(a.tokens);
-  ojson out = response_head("chat.completion", id, created, model);
-  out["choices"] = ojson::array({std::move(choice)});
-  out["usage"] = usage_json(a.final_update);
-  if (r.return_token_ids) out["prompt_token_ids"] = r.generation.prompt;
-  return out;
+  return whole_response("chat.completion", std::move(choice), r, a, model, id, created);
 }
 
 ojson completion_response(const ApiRequest& r, const Answer& a, const ModelInfo& model, const std::string& id,
@@ -568,12 +575,7 @@ ojson completion_response(const ApiRequest& r, const Answer& a, const ModelInfo&
                {"text", model.tokenizer ? a.text : ids_text(a.tokens, false)},
                {"finish_reason", finish_reason(a.final_update.finish, false)},
                {"logprobs", r.logprobs ? completion_logprobs(a.tokens, model, &offset) : ojson()}};
-  if (r.return_token_ids) choice["token_ids"] = token_ids_json(a.tokens);
-  ojson out = response_head("text_completion", id, created, model);
-  out["choices"] = ojson::array({std::move(choice)});
-  out["usage"] = usage_json(a.final_update);
-  if (r.return_token_ids) out["prompt_token_ids"] = r.generation.prompt;
-  return out;
+  return whole_response("text_completion", std::move(choice), r, a, model, id, created);
 }
 
 // ---- Streams ---------------------------------------------------------------------------
