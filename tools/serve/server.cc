@@ -30,10 +30,12 @@ using httplib::DataSink;
 using httplib::Request;
 using httplib::Response;
 
-// Set by SIGINT/SIGTERM; a watcher thread acts on it (a signal handler may
-// only touch a sig_atomic_t).
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int) { g_stop_signal = 1; }
+// Set by SIGINT/SIGTERM; a watcher thread acts on it. A lock-free atomic is
+// both safe to store from a signal handler and race-free to read from another
+// thread (a volatile sig_atomic_t is only the former).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the stop flag is set from a signal handler");
+extern "C" void on_stop_signal(int) { g_stop_signal.store(1); }
 
 void install_signal_handlers() {
   struct sigaction sa = {};
@@ -372,7 +374,7 @@ void Server::load() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsv4 serve: error: %s\n", e.what());
     load_failed_ = true;
-    g_stop_signal = 1;  // the watcher stops the server
+    g_stop_signal.store(1);  // the watcher stops the server
   }
   loader_done_ = true;
 }
@@ -381,7 +383,7 @@ void Server::load() {
 // scheduler lets the running ones finish until the deadline, the streams
 // write their last chunks, and the server stops.
 void Server::watch() {
-  while (!g_stop_signal && !watcher_stop_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!g_stop_signal.load() && !watcher_stop_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (watcher_stop_) return;
   const State was = state_.exchange(State::kShuttingDown);
   if (!load_failed_) std::fprintf(stderr, "dsv4 serve: shutting down\n");
@@ -425,7 +427,7 @@ size_t default_cache_pool_bytes(size_t per_request, int parallel, size_t memory_
 }
 
 int serve(const ServeOptions& options) {
-  g_stop_signal = 0;
+  g_stop_signal.store(0);
   Server server(options);
   return server.run();
 }
