@@ -1,7 +1,8 @@
 // The server's scheduler (tools/serve/scheduler.h): requests run together
 // give bitwise the tokens and logprobs each gets alone (and that the CLI's
-// loop gives), a long prefill advances one chunk per step beside running
-// streams, cancelled and finished requests give their pages back, admission
+// loop gives), the prompts still prefilling share one budget of positions
+// per step, oldest first, beside running streams, cancelled and finished
+// requests give their pages back, admission
 // respects the queue, `parallel` and the pool, shutdown ends every stream,
 // the prefix cache resumes a conversation, and stop strings and eos end an
 // answer.
@@ -124,27 +125,32 @@ TEST(ServeScheduler, TogetherEqualsAloneAndTheCli) {
     Scheduler s(*engine, {.parallel = 1, .max_queue = 64});
     for (const GenerationRequest& r : rs) alone.push_back(collect(*s.submit(r)));
   }
+  // The prefill budget split at tile bounds (the engine's chunk) and across
+  // them (100 positions a step).
   std::vector<Answer> together(rs.size());
-  {
-    Scheduler s(*engine, {.parallel = 8, .max_queue = 64});
-    std::vector<std::shared_ptr<RequestStream>> streams;
-    // Four at once; the rest join while those run (and the ninth waits for
-    // a free place).
-    for (size_t i = 0; i < 4; ++i) streams.push_back(s.submit(rs[i]));
-    Update first;
-    ASSERT_TRUE(streams[0]->next(&first, 30s));
-    for (size_t i = 4; i < rs.size(); ++i) streams.push_back(s.submit(rs[i]));
-    together[0] = collect(*streams[0]);
-    together[0].tokens.insert(together[0].tokens.begin(), first.tokens.begin(), first.tokens.end());
-    for (size_t i = 1; i < rs.size(); ++i) together[i] = collect(*streams[i]);
-    EXPECT_GE(s.metrics().steps_total, 1);
-  }
-  for (size_t i = 0; i < rs.size(); ++i) {
-    expect_same_tokens(together[i], alone[i], "request " + std::to_string(i));
-    EXPECT_EQ(together[i].last.completion_tokens, int64_t(together[i].tokens.size()));
-    EXPECT_EQ(together[i].last.prompt_tokens, int64_t(rs[i].prompt.size()));
-    if (rs[i].top_logprobs == 0) {
-      EXPECT_TRUE(together[i].tokens[0].top.empty());
+  for (int64_t budget : {int64_t(0), int64_t(100)}) {
+    SCOPED_TRACE("prefill_chunk " + std::to_string(budget));
+    {
+      Scheduler s(*engine, {.parallel = 8, .max_queue = 64, .prefill_chunk = budget});
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      // Four at once; the rest join while those run (and the ninth waits for
+      // a free place).
+      for (size_t i = 0; i < 4; ++i) streams.push_back(s.submit(rs[i]));
+      Update first;
+      ASSERT_TRUE(streams[0]->next(&first, 30s));
+      for (size_t i = 4; i < rs.size(); ++i) streams.push_back(s.submit(rs[i]));
+      together[0] = collect(*streams[0]);
+      together[0].tokens.insert(together[0].tokens.begin(), first.tokens.begin(), first.tokens.end());
+      for (size_t i = 1; i < rs.size(); ++i) together[i] = collect(*streams[i]);
+      EXPECT_GE(s.metrics().steps_total, 1);
+    }
+    for (size_t i = 0; i < rs.size(); ++i) {
+      expect_same_tokens(together[i], alone[i], "request " + std::to_string(i));
+      EXPECT_EQ(together[i].last.completion_tokens, int64_t(together[i].tokens.size()));
+      EXPECT_EQ(together[i].last.prompt_tokens, int64_t(rs[i].prompt.size()));
+      if (rs[i].top_logprobs == 0) {
+        EXPECT_TRUE(together[i].tokens[0].top.empty());
+      }
     }
   }
   EXPECT_EQ(engine->cache_pool_use().used_bytes, 0u);
@@ -201,6 +207,31 @@ TEST(ServeScheduler, LongPrefillAdvancesOneChunkPerStep) {
   // Alone: 60 steps (the prompt, then 59 decodes). The long prompt joins
   // within the first steps and its 10 ride along; in series it would be 70.
   EXPECT_LE(s.metrics().steps_total, 62);
+}
+
+// Three 192-token prompts share one 64-position budget a step, oldest
+// first: 9 steps (each carries exactly 64 prompt positions), and the first
+// tokens come in arrival order, each a prompt's prefill after the last
+// (with one chunk per request and step, all three would end together in
+// 3 to 5 steps).
+TEST(ServeScheduler, PromptsShareOnePrefillBudgetOldestFirst) {
+  auto engine = tiny_engine();
+  const int vocab = engine->config().vocab_size;
+  Scheduler s(*engine, {});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.prompt = prompt(192, vocab, 20 + i);
+    r.max_tokens = 1;
+    r.remember_answer = false;
+    streams.push_back(s.submit(r));
+  }
+  std::vector<double> first;
+  for (auto& st : streams) first.push_back(collect(*st).last.first_token_seconds);
+  ASSERT_TRUE(eventually([&] { return s.metrics().running == 0; }));
+  EXPECT_EQ(s.metrics().steps_total, 9);
+  EXPECT_LT(first[0], first[1]);
+  EXPECT_LT(first[1], first[2]);
 }
 
 TEST(ServeScheduler, CancelFreesPages) {

@@ -112,7 +112,7 @@ struct Scheduler::Impl {
   // The scheduler thread.
   void start(Job& job);
   void step();
-  std::vector<int32_t> tokens_for_step(const Job& job) const;
+  std::vector<int32_t> tokens_for_step(const Job& job, int64_t* prefill_left) const;
   void after_append(Job& job, const PrefillResult& r, int64_t appended, StepRecord* rec);
   void keep_prefill_state(Job& job, int64_t from, int64_t to);
   void take_token(Job& job, const std::vector<float>& logits);
@@ -128,7 +128,7 @@ struct Scheduler::Impl {
   Engine& engine;
   const SchedulerOptions options;
   size_t pool_total = 0;
-  int64_t chunk = 0;  // prompt positions a prefilling request appends per step (0: all)
+  int64_t prefill_chunk = 0;  // prompt positions the prefilling requests share per step (0: no limit)
 
   mutable std::mutex mu;
   std::condition_variable wake;
@@ -153,11 +153,15 @@ Scheduler::Impl::Impl(Engine& e, SchedulerOptions o) : engine(e), options(o) {
   // A pool not made yet is made on first use for one request at the limit.
   pool_total = engine.cache_pool_use().total_bytes;
   if (pool_total == 0) pool_total = engine.cache_bytes_for(engine.position_limit());
-  // The engine rounds a chunk up to whole tiles; so do we, so that a step's
-  // append is exactly one chunk round.
-  chunk = engine.options().chunk_tokens;
-  const int64_t tile = engine.options().tile_tokens;
-  if (chunk > 0 && tile > 0) chunk = (chunk + tile - 1) / tile * tile;
+  if (options.prefill_chunk < 0) throw Error("the scheduler needs prefill_chunk >= 0");
+  // The engine rounds a chunk up to whole tiles; so do we, so that by
+  // default a step's append is at most one chunk round.
+  prefill_chunk = options.prefill_chunk;
+  if (prefill_chunk == 0) {
+    prefill_chunk = engine.options().chunk_tokens;
+    const int64_t tile = engine.options().tile_tokens;
+    if (prefill_chunk > 0 && tile > 0) prefill_chunk = (prefill_chunk + tile - 1) / tile * tile;
+  }
   counters.cache_pool_bytes_total = pool_total;
   counters.cache_pool_bytes_used = engine.cache_pool_use().used_bytes;
   const PrefixCacheStats pc = engine.prefix_cache_stats();
@@ -330,15 +334,19 @@ void Scheduler::Impl::start(Job& job) {
   if (engine.tokenizer()) job.text.emplace(*engine.tokenizer(), job.req.stop);
 }
 
-// A prefilling request appends its next chunk of prompt (stopping one token
-// short of the end when that state is to be kept); a decoding one its last
-// token; a finished one with remember_answer its last token too.
-std::vector<int32_t> Scheduler::Impl::tokens_for_step(const Job& job) const {
+// A prefilling request appends the next part of its prompt that the step's
+// budget still has room for (stopping one token short of the end when that
+// state is to be kept; nothing when the budget is spent); a decoding one its
+// last token; a finished one with remember_answer its last token too.
+std::vector<int32_t> Scheduler::Impl::tokens_for_step(const Job& job, int64_t* prefill_left) const {
   if (job.phase != Job::Phase::kPrefill) return {job.generated.back()};
   const std::vector<int32_t>& p = job.req.prompt;
   const int64_t pos = job.session->position();
   int64_t end = int64_t(p.size()) - (job.before_last_pending ? 1 : 0);
-  if (chunk > 0) end = std::min(end, pos + chunk);
+  if (prefill_chunk > 0) {
+    end = std::min(end, pos + *prefill_left);
+    *prefill_left -= end - pos;
+  }
   return std::vector<int32_t>(p.begin() + pos, p.begin() + end);
 }
 
@@ -346,11 +354,14 @@ void Scheduler::Impl::step() {
   std::vector<Job*> jobs;
   std::vector<Session*> sessions;
   std::vector<std::vector<int32_t>> tokens;
+  int64_t prefill_left = prefill_chunk;  // `running` is in arrival order: the oldest prompts first
   for (auto& j : running) {
     if (j->over) continue;
+    std::vector<int32_t> t = tokens_for_step(*j, &prefill_left);
+    if (t.empty()) continue;  // a prompt waiting for the budget
     jobs.push_back(j.get());
     sessions.push_back(j->session.get());
-    tokens.push_back(tokens_for_step(*j));
+    tokens.push_back(std::move(t));
   }
   if (jobs.empty()) return;
   StepRecord rec;

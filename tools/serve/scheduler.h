@@ -2,11 +2,15 @@
 // admitted request together (continuous batching), while HTTP threads submit
 // requests and read their tokens as they come.
 //
-// Each step is one Engine::append_batch over the running requests: a request
-// still prefilling appends its next chunk of prompt (the engine's
-// chunk_tokens), a decoding one its last sampled token. So a long prompt
-// delays the streams beside it by at most one chunk per step, and every
-// request shares each step's weight passes. Requests join and leave between
+// Each step is one Engine::append_batch over the running requests: a
+// decoding request appends its last sampled token, and the requests still
+// prefilling share one budget of prompt positions (prefill_chunk), oldest
+// first: the oldest takes what it still needs up to the budget, the next
+// what is left, and so on (a request left with nothing waits for the next
+// step). So a long prompt delays the streams beside it by at most one
+// budget per step, first tokens come in arrival order rather than all
+// after the last prompt, and every request shares each step's weight
+// passes. Requests join and leave between
 // steps. A request's tokens depend only on the request (the engine's batch
 // results are bitwise those of the request alone, and sampling draws from
 // (seed, position)): whatever else runs, the same request gives the same
@@ -131,6 +135,9 @@ class ShuttingDown : public std::exception {
 struct SchedulerOptions {
   int parallel = 4;    // requests running at once
   int max_queue = 64;  // requests waiting for admission
+  // Prompt positions all prefilling requests append together per step,
+  // oldest first; 0: the engine's chunk_tokens (rounded up to whole tiles).
+  int64_t prefill_chunk = 0;
 };
 
 class Scheduler {

@@ -20,6 +20,9 @@ cli::CommandSpec make_spec() {
       {"port", 0, "P", "port (default 8080; 0 picks a free one, printed on stderr)"},
       {"parallel", 0, "N", "requests running at once; the others wait in the queue (default 4)"},
       {"max-queue", 0, "Q", "requests waiting at most; one more gets 429 (default 64)"},
+      {"prefill-chunk", 0, "N",
+       "prompt positions the requests still prefilling append together per step, the oldest first (default 2048: "
+       "smaller gives the streams beside a long prompt more tokens per second, larger prefills faster)"},
       {"max-context", 'c', "N", "most positions a request may take, prompt plus answer (default: the model's)"},
       {"cache-pool-mb", 0, "MB",
        "the sessions' cache pool (default: room for --parallel requests at --max-context, at most a quarter of "
@@ -71,6 +74,7 @@ int run_serve(const cli::Options& a, const std::string& version) {
   s.port = int(a.get_int_in("port", s.port, 0, 65535));
   s.parallel = int(a.get_int_in("parallel", s.parallel, 1, 4096));
   s.max_queue = int(a.get_int_in("max-queue", s.max_queue, 0, 1 << 20));
+  s.prefill_chunk = a.get_int_in("prefill-chunk", s.engine.chunk_tokens, 1, int64_t(1) << 30, "2^30");
   s.cache_pool_bytes = size_t(a.get_int_in("cache-pool-mb", 0, 0, kMaxMb, "2^30")) << 20;
   s.api_key = a.get("api-key");
   s.model_name = a.get("model-name");

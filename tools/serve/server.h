@@ -17,6 +17,7 @@ struct ServeOptions {
   int port = 8080;  // 0: a free one
   int parallel = 4;
   int max_queue = 64;
+  int64_t prefill_chunk = 0;  // prompt positions shared per step, oldest first (0: the engine's chunk_tokens)
   size_t cache_pool_bytes = 0;  // 0: room for `parallel` requests at the limit, at most a quarter of the memory
   std::string api_key;          // empty: no authentication
   std::string model_name;       // empty: the model directory's last component
