@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libgtest-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev libopenblas-dev openmpi-bin libopenmpi-dev)
+packages=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libgtest-dev libbenchmark-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev libopenblas-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,118 @@
+// The decode GEMV (src/kernels/gemv.h) on Flash-sized matrices, as Google
+// Benchmark cases: bytes of weight (with scales) per second for 1, 8 and 16
+// input rows, with the weight in cache (one matrix, read again and again) and
+// streamed from memory (matrices cycled through 512 MiB), on 1 thread and on
+// all of them. FP4 runs twice: with block scales of real weights (2^-12 to
+// 2^-3, where one input row takes the tile with the scales factored out) and
+// with scales of 2^1 to 2^10 (where it falls back to scaling every weight),
+// so the two ways compare side by side in one run.
+//
+//     build/bench/dsv4_gemv_bench --benchmark_filter='fp4' --benchmark_repetitions=3
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/gemv.h"
+
+namespace dsv4 {
+namespace {
+
+using Kind = Weight::Kind;
+
+struct Matrices {
+  std::vector<std::vector<uint8_t>> data, scale;
+  std::vector<Weight> w;
+  size_t bytes_each = 0;
+};
+
+// `count` random matrices out × in of `kind`, scale codes in [s_lo, s_hi].
+Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi) {
+  std::mt19937 rng(7);
+  Matrices m;
+  for (int c = 0; c < count; ++c) {
+    std::vector<uint8_t> d, s;
+    switch (kind) {
+      case Kind::kFP4:
+        d.resize(size_t(out * in / 2));
+        s.resize(size_t(out * in / 32));
+        break;
+      case Kind::kFP8:
+        d.resize(size_t(out * in));
+        s.resize(size_t(((out + 127) / 128) * ((in + 127) / 128)));
+        break;
+      default: d.resize(size_t(out * in * 2)); break;
+    }
+    for (auto& b : d) b = uint8_t(rng());
+    if (kind == Kind::kFP8)
+      for (auto& b : d)
+        if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+    if (kind == Kind::kBF16)
+      for (size_t i = 1; i < d.size(); i += 2) d[i] = uint8_t(0x3c + rng() % 4);  // sign-less values near 2^-7
+    for (auto& b : s) b = uint8_t(s_lo + int(rng() % uint32_t(s_hi - s_lo + 1)));
+    m.bytes_each = d.size() + s.size();
+    m.data.push_back(std::move(d));
+    m.scale.push_back(std::move(s));
+  }
+  for (int c = 0; c < count; ++c) {
+    Weight w;
+    w.kind = kind;
+    w.out = out;
+    w.in = in;
+    w.block = 128;
+    w.data = m.data[size_t(c)].data();
+    w.scale = m.scale[size_t(c)].empty() ? nullptr : m.scale[size_t(c)].data();
+    m.w.push_back(w);
+  }
+  return m;
+}
+
+// args: input rows, streamed (0: one matrix in cache), threads (0: all).
+void run(benchmark::State& state, Kind kind, int64_t out, int64_t in, int s_lo, int s_hi) {
+  const int64_t M = state.range(0);
+  const bool streamed = state.range(1) != 0;
+  ThreadPool::set_threads(int(state.range(2)));
+  const size_t one = size_t(out * in) * (kind == Kind::kFP4 ? 1 : 2) / 2;
+  const int count = streamed ? int((size_t(512) << 20) / one) : 1;
+  const Matrices m = make(kind, out, in, count, s_lo, s_hi);
+  if (!gemv_available(m.w[0], M)) {
+    state.SkipWithError("gemv is not available here (no AVX-512)");
+    return;
+  }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(M * in)), y(size_t(M * out));
+  for (auto& v : x) v = nd(rng);
+  size_t next = 0;
+  for (auto _ : state) {
+    const Weight& w = m.w[next];
+    next = (next + 1) % m.w.size();
+    if (!gemv(w, x.data(), M, in, y.data(), out, false, 0, out)) state.SkipWithError("gemv refused the weight");
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(m.bytes_each));
+  ThreadPool::set_threads(0);
+}
+
+void rows_and_placement(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 0})
+    for (int streamed : {0, 1})
+      for (int M : {1, 8, 16}) b->Args({M, streamed, threads});
+  b->ArgNames({"rows", "streamed", "threads"})->UseRealTime();
+}
+
+// A routed expert's w1 (Flash: moe_inter_dim 2048 × dim 4096).
+BENCHMARK_CAPTURE(run, fp4_expert, Kind::kFP4, 2048, 4096, 115, 124)->Apply(rows_and_placement);
+BENCHMARK_CAPTURE(run, fp4_expert_scales_over_1, Kind::kFP4, 2048, 4096, 128, 137)->Apply(rows_and_placement);
+// An attention projection (FP8, 128 × 128 blocks).
+BENCHMARK_CAPTURE(run, fp8_projection, Kind::kFP8, 4096, 4096, 115, 124)->Apply(rows_and_placement);
+// A slice of the bf16 head.
+BENCHMARK_CAPTURE(run, bf16_head_slice, Kind::kBF16, 8192, 4096, 0, 0)->Apply(rows_and_placement);
+
+}  // namespace
+}  // namespace dsv4
+
+BENCHMARK_MAIN();
