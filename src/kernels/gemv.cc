@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 
 #include "core/cpu.h"
 #include "core/formats.h"
@@ -18,14 +17,6 @@ std::atomic<int64_t> g_tiles{0};
 }  // namespace
 
 int64_t gemv_tile_count() { return g_tiles.load(std::memory_order_relaxed); }
-
-int64_t gemv_fp4_factored_tile_count() {
-#ifdef DSV4_HAVE_AVX512_KERNELS
-  return gemv_avx512_fp4_factored_tiles();
-#else
-  return 0;
-#endif
-}
 
 bool gemv_available(const Weight& w, int64_t M) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
@@ -46,22 +37,20 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
 #ifdef DSV4_HAVE_AVX512_KERNELS
   const int64_t rows = row_end - row_begin;
   if (rows <= 0) return true;
-    const int64_t tile_rows = gemv_tile_rows(w, M);
-  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  const int x_min_exponent = w.kind == Weight::Kind::kFP4 && M == 1 ? gemv_min_biased_exponent(x, w.in) : 0;
+  const int64_t tiles = (rows + kGemvTileRows - 1) / kGemvTileRows;
   // Each tile's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};
   ThreadPool::global().parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
     g_tiles.fetch_add(t1 - t0, std::memory_order_relaxed);
     for (int64_t t = t0; t < t1 && ok.load(std::memory_order_relaxed); ++t) {
-      const int64_t o0 = row_begin + t * tile_rows, o1 = std::min(row_end, o0 + tile_rows);
+      const int64_t o0 = row_begin + t * kGemvTileRows, o1 = std::min(row_end, o0 + kGemvTileRows);
       float* yt = y + (o0 - row_begin);
       // Input rows 8 at a time (the tile kernels' most): the tile's weight
       // rows are then read again from L2, not from memory.
       for (int64_t m0 = 0; m0 < M; m0 += kGemvTileInputRows)
-        if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, x_min_exponent, o0, o1,
-                              yt + m0 * ldy, ldy)) {
+        if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, o0, o1, yt + m0 * ldy,
+                              ldy)) {
           ok.store(false, std::memory_order_relaxed);
           return;
         }
@@ -74,16 +63,6 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   (void)w, (void)x, (void)M, (void)ldx, (void)y, (void)ldy, (void)out_bf16, (void)row_begin, (void)row_end;
   return false;
 #endif
-}
-
-int gemv_min_biased_exponent(const float* x, int64_t n) {
-  uint32_t lowest = 255;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    if ((b & 0x7fffffffu) != 0) lowest = std::min(lowest, (b >> 23) & 0xffu);
-  }
-  return int(lowest);
 }
 
 void gemv_reference(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,

@@ -43,11 +43,6 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
 // the path ran.
 int64_t gemv_tile_count();
 
-// FP4 tiles of one input row computed with the block scales factored out of
-// the chains (gemv_avx512.cc), where the input's exponents and the scales
-// allow it; the others scale every weight. Lets tests see both ways run.
-int64_t gemv_fp4_factored_tile_count();
-
 // The definition: per output one std::fma chain in ascending k over
 // Weight::dequant_row. What the tests compare gemv with.
 void gemv_reference(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,

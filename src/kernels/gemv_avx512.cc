@@ -9,9 +9,7 @@
 // row two independent FMA chains, as many as the decoding between two FMAs
 // of a chain leaves room for, and the bytes of 16 rows are turned into
 // lanes by a 16 × 16 dword transpose of whole 64-byte lines (a dword is 4
-// steps of k in FP8, 8 in FP4, 2 in BF16). FP4 with one input row decodes
-// with fewer operations (the block scales factored out of the chains) and
-// takes 4 groups, so that four chains cover the FMA's latency.
+// steps of k in FP8, 8 in FP4, 2 in BF16).
 #include "kernels/gemv_avx512.h"
 
 #ifdef __AVX512F__
@@ -251,9 +249,9 @@ bool fp8_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
 // 128 codes, 4 scale blocks of 32 (4 dwords each). The scale codes are
 // transposed 16 blocks at a time (one 16-byte load per row) and kept in
 // memory, where a block's vector is one load away.
-template <int G>
 class Fp4Scales {
  public:
+  template <int G>
   void load(const Rows<G>& r, int64_t col0, int64_t cols) {
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
@@ -268,20 +266,17 @@ class Fp4Scales {
       }
     }
   }
-  // The e8m0 codes of block col0 + c of group g, one per lane.
-  __m512i codes(int g, int c) const {
-    return _mm512_and_si512(_mm512_srli_epi32(_mm512_load_si512(dwords_[g][c / 4]), unsigned(8 * (c % 4))),
-                            _mm512_set1_epi32(0xff));
-  }
   // The scale values (as e8m0_to_f32) of block col0 + c of group g.
   __m512 value(int g, int c) const {
-    const __m512i k = codes(g, c);
-    const __mmask16 zero = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());  // code 0: 2^-127, subnormal
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(k, 23), zero, _mm512_set1_epi32(0x00400000)));
+    const __m512i codes = _mm512_and_si512(
+        _mm512_srli_epi32(_mm512_load_si512(dwords_[g][c / 4]), unsigned(8 * (c % 4))), _mm512_set1_epi32(0xff));
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(codes, _mm512_setzero_si512());  // code 0: 2^-127, subnormal
+    return _mm512_castsi512_ps(
+        _mm512_mask_mov_epi32(_mm512_slli_epi32(codes, 23), zero, _mm512_set1_epi32(0x00400000)));
   }
 
  private:
-  alignas(64) uint32_t dwords_[G][4][kLanes];  // [group][dword][lane]
+  alignas(64) uint32_t dwords_[2][4][kLanes];  // [group][dword][lane]
 };
 
 template <int G, int MR>
@@ -289,7 +284,7 @@ void fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
   const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
                                       -4.f, -6.f);
   const int64_t cols = w.in / 32, row_bytes = w.in / 2, lines = (row_bytes + 63) / 64;
-  Fp4Scales<G> scales;
+  Fp4Scales scales;
   Lines<G> buf;
   __m512 scale[G];
   for (int64_t line = 0; line < lines; ++line) {
@@ -317,92 +312,6 @@ void fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
       }
     }
   }
-}
-
-// ---- FP4, one input row ----------------------------------------------------
-// With one input row no other row shares a decoded weight, and scaling every
-// weight was a quarter of the tile's vector work. Here each chain runs in its
-// row's block scale instead: inside block b it adds x_k · e2m1_k to
-// a = acc · 2^-s_b (s_b the block's unbiased scale exponent); between blocks
-// a is multiplied by 2^(s_b − s_b+1), and at the end by 2^s_last, each an
-// exact power-of-two step. That is the reference's chain bit for bit when
-// every s_b ≤ 0 and every product x_k · e2m1_k · 2^s_b is a multiple of
-// 2^-149 (e2m1 values are multiples of 1/2, x_k a multiple of
-// 2^(e_min − 23), e_min x's smallest unbiased exponent: e_min + s_b ≥ −125):
-// then a sum below 2^-126 is exact on both sides, one above is rounded the
-// same way on both, 2^s_b apart, and no side overflows unless a sum turns
-// infinite. In codes: every scale code in [max(1, 129 − x_min_exponent),
-// 127] (checked first) and every sum finite (checked at the end; false:
-// recompute the tile scaling every weight).
-template <int G>
-bool fp4_scales_allow_factoring(const Rows<G>& r, int64_t cols, int x_min_exponent) {
-  const int lo = x_min_exponent >= 128 ? 1 : 129 - x_min_exponent;
-  if (lo > 127) return false;
-  __m512i lowest = _mm512_set1_epi32(255), highest = _mm512_setzero_si512();
-  const int64_t whole = cols / 16 * 16;
-  for (int g = 0; g < G; ++g)
-    for (int i = 0; i < kLanes; ++i) {
-      const uint8_t* s = r.scale[g][i];
-      for (int64_t c = 0; c < whole; c += 16) {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c)));
-        lowest = _mm512_min_epu32(lowest, v);
-        highest = _mm512_max_epu32(highest, v);
-      }
-      for (int64_t c = whole; c < cols; ++c)
-        if (s[c] < lo || s[c] > 127) return false;
-    }
-  return int(_mm512_reduce_min_epu32(lowest)) >= lo && _mm512_reduce_max_epu32(highest) <= 127u;
-}
-
-template <int G>
-bool fp4_factored_tile(const Weight& w, const Rows<G>& r, const float* x, Sums<G, 1>& acc) {
-  const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
-                                      -4.f, -6.f);
-  const __m512i bias = _mm512_set1_epi32(127);
-  const int64_t cols = w.in / 32, row_bytes = w.in / 2, lines = (row_bytes + 63) / 64;
-  Fp4Scales<G> scales;
-  Lines<G> buf;
-  __m512i code[G];  // the current block's scale codes; 127 (2^0) before the first
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) code[g] = bias;
-  for (int64_t line = 0; line < lines; ++line) {
-    r.prefetch(line, lines);
-    const int64_t byte0 = 64 * line;
-    const int dwords = int(row_bytes - byte0 >= 64 ? 16 : (row_bytes - byte0) / 4);
-    load_lines(r, byte0, dwords, buf, [](__m512i) {});
-    for (int d = 0; d < dwords; ++d) {
-      const int64_t k = 2 * byte0 + 8 * d;
-      if (d % 4 == 0) {
-        const int64_t col = k / 32;
-        if (col % 16 == 0) scales.load(r, col, cols);
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g) {
-          const __m512i c = scales.codes(g, int(col % 16));
-          // 2^(s_old − s_new): a normal float while both codes are in [1, 127]
-          const __m512i step = _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(code[g], c), bias), 23);
-          acc.v[0][g] = _mm512_mul_ps(acc.v[0][g], _mm512_castsi512_ps(step));
-          code[g] = c;
-        }
-      }
-#pragma GCC unroll 8
-      for (int n = 0; n < 8; ++n) {
-        __m512 val[G];
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g)
-          val[g] = _mm512_permutexvar_ps(_mm512_srli_epi32(buf.load(g, d), unsigned(4 * n)), table);
-        acc.fma(x + k + n, 1, val);
-      }
-    }
-  }
-  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
-  bool finite = true;
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    acc.v[0][g] = _mm512_mul_ps(acc.v[0][g], _mm512_castsi512_ps(_mm512_slli_epi32(code[g], 23)));  // 2^s_last
-    const __m512i bits = _mm512_castps_si512(acc.v[0][g]);
-    finite = finite && _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, exponent), exponent) == 0;
-  }
-  return finite;
 }
 
 // ---- BF16 ------------------------------------------------------------------
@@ -458,21 +367,6 @@ bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t o_en
   return ok;
 }
 
-int64_t g_fp4_factored_tiles = 0;  // __atomic builtins: no template of another header here
-
-template <int G>
-void fp4_one_row(const Weight& w, const float* x, int x_min_exponent, int64_t o0, int64_t o_end, float* y) {
-  const Rows<G> r = rows_of<G>(w, o0, o_end);
-  Sums<G, 1> acc;
-  if (fp4_scales_allow_factoring(r, w.in / 32, x_min_exponent) && fp4_factored_tile(w, r, x, acc)) {
-    __atomic_fetch_add(&g_fp4_factored_tiles, 1, __ATOMIC_RELAXED);
-  } else {
-    acc = Sums<G, 1>();
-    fp4_tile(w, r, x, 1, acc);
-  }
-  acc.store(r.keep, y, 1);
-}
-
 template <int G>
 bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
                int64_t ldy) {
@@ -491,21 +385,9 @@ bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t 
 
 }  // namespace
 
-int64_t gemv_avx512_fp4_factored_tiles() { return __atomic_load_n(&g_fp4_factored_tiles, __ATOMIC_RELAXED); }
-
-bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int x_min_exponent, int64_t o0,
-                      int64_t o_end, float* y, int64_t ldy) {
+bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
+                      int64_t ldy) {
   static_assert(kGemvTileRows == 2 * kLanes, "a tile is at most two groups");
-  static_assert(kGemvFp4OneRowTileRows == 4 * kLanes, "an FP4 one-row tile is at most four groups");
-  if (w.kind == Weight::Kind::kFP4 && M == 1) {
-    if (o_end - o0 > 2 * kLanes)
-      fp4_one_row<4>(w, x, x_min_exponent, o0, o_end, y);
-    else if (o_end - o0 > kLanes)
-      fp4_one_row<2>(w, x, x_min_exponent, o0, o_end, y);
-    else
-      fp4_one_row<1>(w, x, x_min_exponent, o0, o_end, y);
-    return true;
-  }
   if (o_end - o0 > kLanes) return tile_rows<2>(w, x, M, ldx, o0, o_end, y, ldy);
   return tile_rows<1>(w, x, M, ldx, o0, o_end, y, ldy);
 }
