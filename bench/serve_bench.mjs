@@ -12,6 +12,8 @@
 //   node bench/serve_bench.mjs --model models/default [--bin build/dsv4] [--serve-args "--parallel 16"]
 //   options: --requests N (per run, default 32)  --max-tokens N (default 64)
 //            --concurrency 1,4,16  --prompt-words 20,200,1000  --api-key KEY  --json
+//            --no-sequential (skip the sequential run: no ratios; to compare
+//            server settings at one concurrency)
 //
 // It uses only node's own modules (node >= 18), so it runs without
 // tests/serve/node_modules.
@@ -24,7 +26,7 @@ const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(`--${name}`); return i >= 0 ? args[i + 1] : def; };
 const flag = (name) => args.includes(`--${name}`);
 if (flag('help')) {
-  console.log('usage: node bench/serve_bench.mjs (--url URL | --model DIR) [--requests N] [--max-tokens N] [--concurrency 1,4,16] [--prompt-words 20,200,1000] [--json]');
+  console.log('usage: node bench/serve_bench.mjs (--url URL | --model DIR) [--requests N] [--max-tokens N] [--concurrency 1,4,16] [--prompt-words 20,200,1000] [--no-sequential] [--json]');
   process.exit(0);
 }
 
@@ -123,17 +125,17 @@ try {
   log(`serve_bench: ${url}, model ${model}, ${N} requests per run, ${MAX_TOKENS} tokens each, prompts of ${WORDS.join('/')} words`);
   await one(model, 999);  // warm-up
   const runs = [];
-  const seq = await run(model, 1);
-  runs.push({ name: 'sequential', ...seq });
+  const seq = flag('no-sequential') ? null : await run(model, 1);
+  if (seq) runs.push({ name: 'sequential', ...seq });
   for (const c of CONC) runs.push({ name: `concurrency ${c}`, ...(await run(model, c)) });
-  for (const r of runs) r.ratio_to_sequential = r.tokens_per_second / seq.tokens_per_second;
+  for (const r of runs) r.ratio_to_sequential = seq ? r.tokens_per_second / seq.tokens_per_second : null;
   if (JSON_OUT) {
     console.log(JSON.stringify({ url, model, requests_per_run: N, max_tokens: MAX_TOKENS, prompt_words: WORDS, runs }, null, 2));
   } else {
     console.log('run              requests  tokens   seconds   tokens/s   x seq   TTFT p50   TTFT p99');
     for (const r of runs) {
       console.log(`${r.name.padEnd(16)} ${String(r.requests).padStart(8)} ${String(r.tokens).padStart(7)} ${r.seconds.toFixed(2).padStart(9)} ` +
-                  `${r.tokens_per_second.toFixed(1).padStart(10)} ${r.ratio_to_sequential.toFixed(2).padStart(7)} ` +
+                  `${r.tokens_per_second.toFixed(1).padStart(10)} ${(r.ratio_to_sequential?.toFixed(2) ?? '-').padStart(7)} ` +
                   `${(r.ttft_p50 * 1000).toFixed(0).padStart(8)} ms ${(r.ttft_p99 * 1000).toFixed(0).padStart(7)} ms`);
     }
   }
