@@ -10,11 +10,10 @@
 // step). So a long prompt delays the streams beside it by at most one
 // budget per step, first tokens come in arrival order rather than all
 // after the last prompt, and every request shares each step's weight
-// passes. Requests join and leave between
-// steps. A request's tokens depend only on the request (the engine's batch
-// results are bitwise those of the request alone, and sampling draws from
-// (seed, position)): whatever else runs, the same request gives the same
-// tokens.
+// passes. Requests join and leave between steps. A request's tokens
+// depend only on the request (the engine's batch results are bitwise those
+// of the request alone, and sampling draws from (seed, position)): whatever
+// else runs, the same request gives the same tokens.
 //
 // Admission: waiting requests are admitted in arrival order while fewer than
 // `parallel` run and the cache pool has room for the prompt plus max_tokens

@@ -364,7 +364,8 @@ void Server::load() {
                         ? model_.tokenizer->token_id(kBosToken)
                         : engine_->config().bos_token_id;
     model_.fingerprint = "dsv4-" + options_.version;
-    scheduler_ = std::make_unique<Scheduler>(*engine_, SchedulerOptions{options_.parallel, options_.max_queue, options_.prefill_chunk});
+    scheduler_ = std::make_unique<Scheduler>(
+        *engine_, SchedulerOptions{options_.parallel, options_.max_queue, options_.prefill_chunk});
     loaded_ = true;
     State loading = State::kLoading;
     if (state_.compare_exchange_strong(loading, State::kReady))
