@@ -74,7 +74,7 @@ int run_serve(const cli::Options& a, const std::string& version) {
   s.port = int(a.get_int_in("port", s.port, 0, 65535));
   s.parallel = int(a.get_int_in("parallel", s.parallel, 1, 4096));
   s.max_queue = int(a.get_int_in("max-queue", s.max_queue, 0, 1 << 20));
-  s.prefill_chunk = a.get_int_in("prefill-chunk", s.engine.chunk_tokens, 1, int64_t(1) << 30, "2^30");
+  if (a.has("prefill-chunk")) s.prefill_chunk = a.get_int_in("prefill-chunk", 0, 1, int64_t(1) << 30, "2^30");
   s.cache_pool_bytes = size_t(a.get_int_in("cache-pool-mb", 0, 0, kMaxMb, "2^30")) << 20;
   s.api_key = a.get("api-key");
   s.model_name = a.get("model-name");
