@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -77,9 +76,8 @@ void run(benchmark::State& state, Kind kind, int64_t out, int64_t in, int s_lo, 
   const int64_t M = state.range(0);
   const bool streamed = state.range(1) != 0;
   ThreadPool::set_threads(int(state.range(2)));
-  const size_t one = size_t(out * in) * (kind == Kind::kFP4 ? 1 : 2) / 2;
-  const int count = streamed ? int((size_t(512) << 20) / one) : 1;
-  const Matrices m = make(kind, out, in, count, s_lo, s_hi);
+  const size_t each = make(kind, out, in, 1, s_lo, s_hi).bytes_each;
+  const Matrices m = make(kind, out, in, streamed ? int((size_t(512) << 20) / each) : 1, s_lo, s_hi);
   if (!gemv_available(m.w[0], M)) {
     state.SkipWithError("gemv is not available here (no AVX-512)");
     return;
