@@ -11,9 +11,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemv.h"
 
@@ -22,8 +25,10 @@ namespace {
 
 using Kind = Weight::Kind;
 
+// The matrices lie one after another in one block on 2 MB pages, as the
+// engine's mapped weights do once the page cache holds them in 2 MB folios.
 struct Matrices {
-  std::vector<std::vector<uint8_t>> data, scale;
+  std::unique_ptr<uint8_t, decltype(&std::free)> block{nullptr, &std::free};
   std::vector<Weight> w;
   size_t bytes_each = 0;
 };
@@ -31,41 +36,43 @@ struct Matrices {
 // `count` random matrices out × in of `kind`, scale codes in [s_lo, s_hi].
 Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi) {
   std::mt19937 rng(7);
+  size_t data_bytes = 0, scale_bytes = 0;
+  switch (kind) {
+    case Kind::kFP4:
+      data_bytes = size_t(out * in / 2);
+      scale_bytes = size_t(out * in / 32);
+      break;
+    case Kind::kFP8:
+      data_bytes = size_t(out * in);
+      scale_bytes = size_t(((out + 127) / 128) * ((in + 127) / 128));
+      break;
+    default: data_bytes = size_t(out * in * 2); break;
+  }
   Matrices m;
+  m.bytes_each = data_bytes + scale_bytes;
+  const size_t stride = (m.bytes_each + 63) / 64 * 64, huge = size_t(2) << 20,
+               total = (stride * size_t(count) + huge - 1) / huge * huge;
+  m.block.reset(static_cast<uint8_t*>(std::aligned_alloc(huge, total)));
+  advise_huge_pages(m.block.get(), total);
   for (int c = 0; c < count; ++c) {
-    std::vector<uint8_t> d, s;
-    switch (kind) {
-      case Kind::kFP4:
-        d.resize(size_t(out * in / 2));
-        s.resize(size_t(out * in / 32));
-        break;
-      case Kind::kFP8:
-        d.resize(size_t(out * in));
-        s.resize(size_t(((out + 127) / 128) * ((in + 127) / 128)));
-        break;
-      default: d.resize(size_t(out * in * 2)); break;
-    }
-    for (auto& b : d) b = uint8_t(rng());
+    uint8_t* d = m.block.get() + stride * size_t(c);
+    uint8_t* s = d + data_bytes;
+    for (size_t i = 0; i < data_bytes; ++i) d[i] = uint8_t(rng());
     if (kind == Kind::kFP8)  // no NaN codes, and no subnormal ones (1 in 16 uniform codes; ~2 in 10^4 of
-      for (auto& b : d) {    // real weights, each a slow microcode assist on Intel CPUs)
-        if ((b & 0x7f) == 0x7f) b ^= 1;
-        if ((b & 0x78) == 0) b |= 0x08;
+      for (size_t i = 0; i < data_bytes; ++i) {  // real weights, each a slow microcode assist on Intel CPUs)
+        if ((d[i] & 0x7f) == 0x7f) d[i] ^= 1;
+        if ((d[i] & 0x78) == 0) d[i] |= 0x08;
       }
     if (kind == Kind::kBF16)
-      for (size_t i = 1; i < d.size(); i += 2) d[i] = uint8_t(0x3c + rng() % 4);  // sign-less values near 2^-7
-    for (auto& b : s) b = uint8_t(s_lo + int(rng() % uint32_t(s_hi - s_lo + 1)));
-    m.bytes_each = d.size() + s.size();
-    m.data.push_back(std::move(d));
-    m.scale.push_back(std::move(s));
-  }
-  for (int c = 0; c < count; ++c) {
+      for (size_t i = 1; i < data_bytes; i += 2) d[i] = uint8_t(0x3c + rng() % 4);  // sign-less values near 2^-7
+    for (size_t i = 0; i < scale_bytes; ++i) s[i] = uint8_t(s_lo + int(rng() % uint32_t(s_hi - s_lo + 1)));
     Weight w;
     w.kind = kind;
     w.out = out;
     w.in = in;
     w.block = 128;
-    w.data = m.data[size_t(c)].data();
-    w.scale = m.scale[size_t(c)].empty() ? nullptr : m.scale[size_t(c)].data();
+    w.data = d;
+    w.scale = scale_bytes ? s : nullptr;
     m.w.push_back(w);
   }
   return m;
@@ -106,6 +113,8 @@ void rows_and_placement(benchmark::internal::Benchmark* b) {
 
 // A routed expert's w1 (Flash: moe_inter_dim 2048 × dim 4096).
 BENCHMARK_CAPTURE(run, fp4_expert, Kind::kFP4, 2048, 4096, 115, 124)->Apply(rows_and_placement);
+// Its w2 (dim 4096 × moe_inter_dim 2048): rows of 1 KB.
+BENCHMARK_CAPTURE(run, fp4_expert_w2, Kind::kFP4, 4096, 2048, 115, 124)->Apply(rows_and_placement);
 // An attention projection (FP8, 128 × 128 blocks).
 BENCHMARK_CAPTURE(run, fp8_projection, Kind::kFP8, 4096, 4096, 115, 124)->Apply(rows_and_placement);
 // A slice of the bf16 head.

@@ -89,8 +89,11 @@ struct Shape {
   int64_t out, in;
 };
 
-// Shapes: one row, outputs not a multiple of 16 or of the 64-row tile, in
+// Shapes: one row, outputs not a multiple of 16 or of the 32-row tile, in
 // not a multiple of an FP8 block (ragged last block), and one Flash-like.
+// Rows shorter than 4 KB are taken in spans of 2 to 8 strided tiles (gemv.cc)
+// that the outputs end inside of, and the 1, 2 and 3 threads below give
+// different strides.
 const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}, {37, 1184}, {70, 208},
                          {131, 1024}};
 

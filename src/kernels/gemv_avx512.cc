@@ -45,15 +45,17 @@ inline void transpose4(const uint8_t* const* rows, int64_t byte, __m512i out[4])
   out[3] = _mm512_castps_si512(_mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
-// G groups of 16 weight rows from o0: where each lane's row data and scale
-// row start (lanes at or past o_end read row o0, a real one; their sums are
-// never stored).
+// G groups of 16 weight rows o0, o0 + stride, ...: where each lane's row data
+// and scale row start (lanes at or past n read row o0, a real one; their
+// sums are never stored).
 //
 // Each row is its own stream, and the hardware prefetcher follows few of
 // them (a tile of 64 rows streamed at about 70% of a plain read, one of 32
 // at about 85%, on the Xeon of session 14), so a tile is 32 rows and each
 // row's line kAhead lines on is asked for into L2 as a line is used. Asking
-// for the next tile in address order instead was slower.
+// for the next tile in address order instead was slower. The L2 prefetcher
+// works within 4 KB pages and follows one stream per page best, so rows
+// shorter than a page are taken `stride` apart (gemv.cc).
 constexpr int64_t kAhead = 2;
 
 template <int G>
@@ -62,13 +64,13 @@ struct Rows {
   const uint8_t* scale[G][kLanes];
   __mmask16 keep[G];
 
-  Rows(const Weight& w, int64_t o0, int64_t o_end, int64_t row_bytes, int64_t scale_row_bytes,
+  Rows(const Weight& w, int64_t o0, int64_t stride, int64_t n, int64_t row_bytes, int64_t scale_row_bytes,
        int64_t rows_per_scale_row) {
     for (int g = 0; g < G; ++g) {
       keep[g] = 0;
       for (int i = 0; i < kLanes; ++i) {
-        const int64_t o = o0 + g * kLanes + i, row = o < o_end ? o : o0;
-        if (o < o_end) keep[g] = __mmask16(keep[g] | (1u << i));
+        const int64_t lane = g * kLanes + i, row = lane < n ? o0 + stride * lane : o0;
+        if (lane < n) keep[g] = __mmask16(keep[g] | (1u << i));
         data[g][i] = w.data + row * row_bytes;
         scale[g][i] = w.scale ? w.scale + (row / rows_per_scale_row) * scale_row_bytes : nullptr;
       }
@@ -110,11 +112,18 @@ struct Sums {
       for (int g = 0; g < G; ++g) v[m][g] = _mm512_fmadd_ps(xb, val[g], v[m][g]);
     }
   }
-  void store(const __mmask16 (&keep)[G], float* y, int64_t ldy) const {
-#pragma GCC unroll 8
+  // Lane i of group g to y[m][stride · (16g + i)].
+  void store(const __mmask16 (&keep)[G], float* y, int64_t ldy, int64_t stride) const {
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(int32_t(stride)));
     for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(y + m * ldy + g * kLanes, keep[g], v[m][g]);
+      for (int g = 0; g < G; ++g) {
+        float* yg = y + m * ldy + g * kLanes * stride;
+        if (stride == 1)
+          _mm512_mask_storeu_ps(yg, keep[g], v[m][g]);
+        else
+          _mm512_mask_i32scatter_ps(yg, keep[g], at, v[m][g], 4);
+      }
   }
 };
 
@@ -343,18 +352,19 @@ void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, S
 }
 
 template <int G>
-Rows<G> rows_of(const Weight& w, int64_t o0, int64_t o_end) {
+Rows<G> rows_of(const Weight& w, int64_t o0, int64_t stride, int64_t n) {
   switch (w.kind) {
-    case Weight::Kind::kFP8: return Rows<G>(w, o0, o_end, w.in, (w.in + w.block - 1) / w.block, w.block);
-    case Weight::Kind::kFP4: return Rows<G>(w, o0, o_end, w.in / 2, w.in / 32, 1);
-    default: return Rows<G>(w, o0, o_end, 2 * w.in, 0, 1);
+    case Weight::Kind::kFP8: return Rows<G>(w, o0, stride, n, w.in, (w.in + w.block - 1) / w.block, w.block);
+    case Weight::Kind::kFP4: return Rows<G>(w, o0, stride, n, w.in / 2, w.in / 32, 1);
+    default: return Rows<G>(w, o0, stride, n, 2 * w.in, 0, 1);
   }
 }
 
 template <int G, int MR>
-bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t o_end, float* y, int64_t ldy) {
+bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t stride, int64_t n, float* y,
+          int64_t ldy) {
   if (w.kind != Weight::Kind::kFP8 && w.kind != Weight::Kind::kFP4 && w.kind != Weight::Kind::kBF16) return false;
-  const Rows<G> r = rows_of<G>(w, o0, o_end);
+  const Rows<G> r = rows_of<G>(w, o0, stride, n);
   Sums<G, MR> acc;
   bool ok = true;
   if (w.kind == Weight::Kind::kFP8)
@@ -363,33 +373,33 @@ bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t o_en
     fp4_tile(w, r, x, ldx, acc);
   else
     bf16_tile(w, r, x, ldx, acc);
-  acc.store(r.keep, y, ldy);
+  acc.store(r.keep, y, ldy, stride);
   return ok;
 }
 
 template <int G>
-bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
-               int64_t ldy) {
+bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
+               float* y, int64_t ldy) {
   static_assert(kGemvTileInputRows == 8, "one case per row count");
   switch (M) {
-    case 1: return tile<G, 1>(w, x, ldx, o0, o_end, y, ldy);
-    case 2: return tile<G, 2>(w, x, ldx, o0, o_end, y, ldy);
-    case 3: return tile<G, 3>(w, x, ldx, o0, o_end, y, ldy);
-    case 4: return tile<G, 4>(w, x, ldx, o0, o_end, y, ldy);
-    case 5: return tile<G, 5>(w, x, ldx, o0, o_end, y, ldy);
-    case 6: return tile<G, 6>(w, x, ldx, o0, o_end, y, ldy);
-    case 7: return tile<G, 7>(w, x, ldx, o0, o_end, y, ldy);
-    default: return tile<G, 8>(w, x, ldx, o0, o_end, y, ldy);
+    case 1: return tile<G, 1>(w, x, ldx, o0, stride, n, y, ldy);
+    case 2: return tile<G, 2>(w, x, ldx, o0, stride, n, y, ldy);
+    case 3: return tile<G, 3>(w, x, ldx, o0, stride, n, y, ldy);
+    case 4: return tile<G, 4>(w, x, ldx, o0, stride, n, y, ldy);
+    case 5: return tile<G, 5>(w, x, ldx, o0, stride, n, y, ldy);
+    case 6: return tile<G, 6>(w, x, ldx, o0, stride, n, y, ldy);
+    case 7: return tile<G, 7>(w, x, ldx, o0, stride, n, y, ldy);
+    default: return tile<G, 8>(w, x, ldx, o0, stride, n, y, ldy);
   }
 }
 
 }  // namespace
 
-bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
-                      int64_t ldy) {
+bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
+                      float* y, int64_t ldy) {
   static_assert(kGemvTileRows == 2 * kLanes, "a tile is at most two groups");
-  if (o_end - o0 > kLanes) return tile_rows<2>(w, x, M, ldx, o0, o_end, y, ldy);
-  return tile_rows<1>(w, x, M, ldx, o0, o_end, y, ldy);
+  if (n > kLanes) return tile_rows<2>(w, x, M, ldx, o0, stride, n, y, ldy);
+  return tile_rows<1>(w, x, M, ldx, o0, stride, n, y, ldy);
 }
 
 }  // namespace dsv4

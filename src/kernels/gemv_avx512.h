@@ -18,11 +18,12 @@ constexpr int64_t kGemvTileRows = 32;
 // decoding together take 2 passes, not 4.
 constexpr int64_t kGemvTileInputRows = 8;
 
-// Rows [o0, o_end) of the product (o_end − o0 ≤ kGemvTileRows) for M ≤
-// kGemvTileInputRows input rows x (stride ldx): the fp32 sums to y[m][o − o0] (stride ldy).
-// False where a value cannot be decoded exactly in registers (FP8 NaN codes,
-// FP8 scales above 2^7); y is then partly written.
-bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t o_end, float* y,
-                      int64_t ldy);
+// Rows o0 + stride · i, i in [0, n) (n ≤ kGemvTileRows), of the product for
+// M ≤ kGemvTileInputRows input rows x (stride ldx): the fp32 sums to
+// y[m][stride · i] (stride ldy). False where a value cannot be decoded
+// exactly in registers (FP8 NaN codes, FP8 scales above 2^7); y is then
+// partly written.
+bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
+                      float* y, int64_t ldy);
 
 }  // namespace dsv4
