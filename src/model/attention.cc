@@ -117,13 +117,14 @@ void window_keys(const Layer& L, const float* kv, int64_t p0, int64_t n, Attenti
 }
 
 // §7: the compressed rows (and the indexer's) completed inside the tile of
-// sublayer inputs x [n][D] at [p0, p0 + n).
-void update_compressed_rows(const Layer& L, const float* x, int64_t p0, int64_t n, AttentionState& st,
-                            CompressorActivations& act) {
+// the call's rows [t0, t0 + n) at [p0, p0 + n), from the call's compressor
+// products (attention_forward).
+void update_compressed_rows(const Layer& L, int64_t t0, int64_t p0, int64_t n, AttentionState& st,
+                            const AttentionActivations& b) {
   ScopedStage stage(Stage::kCompressors);
-  if (L.kind.has_compressor()) compressor_forward(L.w.compressor, L.c, L.rope, x, p0, n, st.comp, act);
+  if (L.kind.has_compressor()) compressor_update(L.w.compressor, L.c, L.rope, b.compressor, t0, p0, n, st.comp);
   if (L.kind.has_indexer())
-    compressor_forward(L.w.indexer.compressor, L.c, L.rope, x, p0, n, st.indexer.comp, act);
+    compressor_update(L.w.indexer.compressor, L.c, L.rope, b.indexer_compressor, t0, p0, n, st.indexer.comp);
 }
 
 // The compressed rows visible to the last query of the tile ending at
@@ -184,12 +185,12 @@ void project_output(const Layer& L, const float* o, int64_t n, AttentionActivati
 
 // One tile, rows [t0, t0 + n) of the call at positions [p0, p0 + n): reads
 // the cache rows that the earlier tiles wrote, writes its own.
-void attend_tile(const Layer& L, const float* x, int64_t t0, int64_t p0, int64_t n, AttentionState& st,
+void attend_tile(const Layer& L, int64_t t0, int64_t p0, int64_t n, AttentionState& st,
                  AttentionActivations& b) {
   const int64_t H = L.H, d = L.d, Hi = L.c.index_n_heads, di = L.c.index_head_dim;
   TileKeys keys;
   window_keys(L, b.kv.data() + t0 * d, p0, n, st, b, &keys);
-  update_compressed_rows(L, x + t0 * L.c.hidden_size, p0, n, st, b.compressor);
+  update_compressed_rows(L, t0, p0, n, st, b);
   if (L.kind.has_indexer()) {
     // Timed as the indexer's: its scores are indexer FLOPs in the bench's
     // per-stage report.
@@ -221,6 +222,12 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKin
     project_q(L, x, cs, rows, scratch(b.qr, size_t(rows * c.q_lora_rank)), scratch(b.q, size_t(rows * H * d)));
     project_kv(L, x, cs, rows, scratch(b.kv, size_t(rows * d)));
   }
+  {
+    // Like the projections, over all rows at once.
+    ScopedStage stage(Stage::kCompressors);
+    if (kind.has_compressor()) compressor_project(w.compressor, x, rows, b.compressor);
+    if (kind.has_indexer()) compressor_project(w.indexer.compressor, x, rows, b.indexer_compressor);
+  }
   if (kind.has_indexer()) {
     ScopedStage stage(Stage::kIndexer);
     indexer_queries(w.indexer, c, rope, x, b.qr.data(), cs, rows, scratch(b.qi, size_t(rows * Hi * di)),
@@ -232,7 +239,7 @@ void attention_forward(const AttentionWeights& w, const ModelConfig& c, LayerKin
   for (const AttentionSpan& s : spans) {
     const int64_t tile = s.tile <= 0 || s.tile > s.n ? s.n : s.tile;
     for (int64_t t0 = 0; t0 < s.n; t0 += tile)
-      attend_tile(L, x, s.row0 + t0, s.p0 + t0, std::min(tile, s.n - t0), *s.st, b);
+      attend_tile(L, s.row0 + t0, s.p0 + t0, std::min(tile, s.n - t0), *s.st, b);
   }
   project_output(L, b.o.data(), rows, b, out);
 }

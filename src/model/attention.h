@@ -43,7 +43,7 @@ struct AttentionActivations {
   std::vector<uint32_t> window_keys, compressed_keys;  // a tile's keys as pair rows
   std::vector<int> window_exp, compressed_exp;         // their smallest exponents
   std::vector<std::vector<int32_t>> chosen;            // a tile's indexer choices
-  CompressorActivations compressor;
+  CompressorActivations compressor, indexer_compressor;  // the call's rows through each compressor
   IndexerActivations indexer;
 };
 

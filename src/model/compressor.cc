@@ -78,15 +78,19 @@ void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const
   }
 }
 
-void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act) {
-  const int r = w.ratio, hd = w.head_dim, slots = w.coff * r, width = w.coff * hd;
-  float* const A = scratch(act.a, size_t(n * width));
-  float* const G = scratch(act.g, size_t(n * width));
+void compressor_project(const CompressorWeights& w, const float* x, int64_t n, CompressorActivations& act) {
+  const int64_t width = int64_t(w.coff) * w.head_dim;
   LinearOpts fp32_out;
   fp32_out.out_bf16 = false;
-  linear(w.wkv, x, n, A, fp32_out);
-  linear(w.wgate, x, n, G, fp32_out);
+  linear(w.wkv, x, n, scratch(act.a, size_t(n * width)), fp32_out);
+  linear(w.wgate, x, n, scratch(act.g, size_t(n * width)), fp32_out);
+}
+
+void compressor_update(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
+                       const CompressorActivations& act, int64_t i0, int64_t p0, int64_t n, CompressorState& st) {
+  const int r = w.ratio, hd = w.head_dim, slots = w.coff * r, width = w.coff * hd;
+  const float* const A = act.a.data() + i0 * width;
+  const float* const G = act.g.data() + i0 * width;
   std::vector<float> row(static_cast<size_t>(hd));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = p0 + i;
@@ -104,6 +108,12 @@ void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const 
       st.n_rows = ci + 1;
     }
   }
+}
+
+void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
+                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act) {
+  compressor_project(w, x, n, act);
+  compressor_update(w, c, rope, act, 0, p0, n, st);
 }
 
 }  // namespace dsv4

@@ -38,14 +38,23 @@ struct CompressorState {
   void read_rows(int64_t n, int hd, float* dst) const;
 };
 
-// compressor_forward's buffers (model/activations.h): the tile's wkv and
-// wgate products [n][coff·hd].
+// The wkv and wgate products [n][coff·hd] of a call's rows
+// (compressor_project; model/activations.h).
 struct CompressorActivations {
   std::vector<float> a, g;
 };
 
-// Feeds the tile's normalised sublayer inputs x [n][D] at positions
-// [p0, p0 + n) and appends every compressed row completed inside the tile.
+// The products of normalised sublayer inputs x [n][D]. They read only x, so
+// a call computes them for all its rows at once (every request decoding
+// together: each weight read once), whatever tiles the rows are fed in.
+void compressor_project(const CompressorWeights& w, const float* x, int64_t n, CompressorActivations& act);
+
+// Feeds rows [i0, i0 + n) of `act` (compressor_project), at positions
+// [p0, p0 + n), and appends every compressed row completed among them.
+void compressor_update(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
+                       const CompressorActivations& act, int64_t i0, int64_t p0, int64_t n, CompressorState& st);
+
+// Both for one tile: x [n][D] at positions [p0, p0 + n).
 void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
                         int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act);
 
