@@ -153,6 +153,17 @@ TEST(Bench, DecodeJson) {
                 (i + 1) * gbps * 1e9 / d["bytes_per_step"].get<double>(), 1e-6 * d["limit_tokens_per_second"].get<double>());
     EXPECT_NEAR(d["bandwidth_fraction"].get<double>(),
                 d["tokens_per_second"].get<double>() / d["limit_tokens_per_second"].get<double>(), 1e-9);
+    // Every stage, each timed, and with "other" they make up the step.
+    const json& ms = d.at("stage_ms_per_step");
+    double sum = 0;
+    for (const char* k : {"projections", "compressors", "indexer", "attention", "gate", "experts", "hc", "head"}) {
+      EXPECT_GT(ms.at(k).get<double>(), 0.0) << k;
+      sum += ms.at(k).get<double>();
+    }
+    sum += ms.at("other").get<double>();
+    EXPECT_EQ(ms.size(), 9u);
+    const double step_ms = 1e3 * d["seconds"].get<double>() / 2;
+    EXPECT_NEAR(sum, step_ms, 1e-6 * step_ms);
   }
   // Tiny: 4 layers, top-2 of 8 experts, one FP4 expert 52224 bytes.
   const json& one = j["decode"][0];

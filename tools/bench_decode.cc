@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -63,6 +65,26 @@ json parts_json(const DecodeBytes& b) {
           {"compressor_ring", b.compressor_ring}};
 }
 
+// Milliseconds per step in each stage, in stage order, then in none of
+// them ("other": embedding, final norm, sampling, batching, the gaps).
+std::vector<std::pair<std::string, double>> stage_ms(const DecodeRun& r) {
+  std::vector<std::pair<std::string, double>> ms;
+  const double steps = double(std::max<int64_t>(1, r.steps));
+  double staged = 0;
+  for (int i = 0; i < int(Stage::kCount); ++i) {
+    ms.emplace_back(stage_name(Stage(i)), 1e3 * r.stages.seconds[size_t(i)] / steps);
+    staged += r.stages.seconds[size_t(i)];
+  }
+  ms.emplace_back("other", 1e3 * (r.seconds - staged) / steps);
+  return ms;
+}
+
+json stage_ms_json(const DecodeRun& r) {
+  json j = json::object();
+  for (const auto& [name, ms] : stage_ms(r)) j[name] = ms;
+  return j;
+}
+
 }  // namespace
 
 DecodeRun bench_decode(Engine& e, const Session& base, int32_t next, int streams, int64_t steps) {
@@ -83,7 +105,8 @@ DecodeRun bench_decode(Engine& e, const Session& base, int32_t next, int streams
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) step(e, sessions, tokens);
   r.seconds = since(t0);
-  count_bytes(e, r.context + 1, StageTimes::global().routed_expert_passes, r);
+  r.stages = StageTimes::global();
+  count_bytes(e, r.context + 1, r.stages.routed_expert_passes, r);
   return r;
 }
 
@@ -105,6 +128,7 @@ json decode_runs_json(const std::vector<DecodeRun>& runs, double gbps) {
                  {"bytes_per_token_one_stream_by_part", parts_json(r.one_stream)},
                  {"achieved_gbps", r.bytes_per_step() * double(r.steps) / r.seconds / 1e9},
                  {"bandwidth_fraction", r.bandwidth_fraction(gbps)},
+                 {"stage_ms_per_step", stage_ms_json(r)},
                  {"limit_tokens_per_second", r.limit_tokens_per_second(gbps)}});
   return a;
 }
@@ -127,6 +151,14 @@ void print_decode_runs(const std::vector<DecodeRun>& runs, const BandwidthResult
     std::printf("  one stream alone reads %.1f MB per token (at position %lld); 'experts': routed expert passes\n"
                 "  per step over all layers, measured\n",
                 runs.front().one_stream.total() / 1e6, (long long)runs.front().context + 1);
+  std::printf("\n  ms per step by stage:\n  %7s", "streams");
+  for (const auto& [name, ms] : stage_ms(DecodeRun{})) std::printf(" %11s", name.c_str());
+  std::printf("\n");
+  for (const DecodeRun& r : runs) {
+    std::printf("  %7d", r.streams);
+    for (const auto& [name, ms] : stage_ms(r)) std::printf(" %11.1f", ms);
+    std::printf("\n");
+  }
 }
 
 }  // namespace dsv4

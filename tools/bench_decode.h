@@ -9,6 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/bandwidth.h"
+#include "core/stage_timer.h"
 #include "engine/engine.h"
 
 namespace dsv4 {
@@ -23,6 +24,7 @@ struct DecodeRun {
   double routed_expert_passes = 0;  // per step, all layers
   double cache_bytes = 0;           // per step, all sessions
   DecodeBytes one_stream;           // one session alone at the first timed position, by part
+  StageTimes stages;                // the timed steps together, by stage (core/stage_timer.h)
 
   double bytes_per_step() const { return shared_weight_bytes + routed_expert_bytes + cache_bytes; }
   double tokens_per_second() const { return double(streams) * double(steps) / seconds; }
