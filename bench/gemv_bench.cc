@@ -107,7 +107,7 @@ void run(benchmark::State& state, Kind kind, int64_t out, int64_t in, int s_lo, 
 void rows_and_placement(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 0})
     for (int streamed : {0, 1})
-      for (int M : {1, 8, 16}) b->Args({M, streamed, threads});
+      for (int M : {1, 2, 4, 8, 16}) b->Args({M, streamed, threads});
   b->ArgNames({"rows", "streamed", "threads"})->UseRealTime();
 }
 

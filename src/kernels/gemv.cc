@@ -59,10 +59,11 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // docs/PERFORMANCE.md "Decode"). A span is what the threads split, so
   // every thread still gets one; at most 8 (rows of 512 B).
   ThreadPool& pool = ThreadPool::global();
-  const int64_t tiles = (rows + kGemvTileRows - 1) / kGemvTileRows,
+  const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows;
+  const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,
                 stride = std::clamp<int64_t>(
                     std::min<int64_t>(4096 / std::max<int64_t>(1, gemv_row_bytes(w)), tiles / pool.size()), 1, 8),
-                span = stride * kGemvTileRows, spans = (rows + span - 1) / span;
+                span = stride * tile_rows, spans = (rows + span - 1) / span;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};

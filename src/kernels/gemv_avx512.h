@@ -11,6 +11,15 @@ namespace dsv4 {
 // input row still has two independent FMA chains, and a tile reads no more
 // row streams than the hardware prefetcher follows well (gemv_avx512.cc).
 constexpr int64_t kGemvTileRows = 32;
+// BF16 tiles for up to kGemvBf16NarrowInputRows input rows are one group:
+// its decoding is a shift or a mask per two weights, so one chain per lane
+// and input row still outruns memory, and 16 row streams arrive faster than
+// 32 (bf16 8192 × 4096 streamed on one thread at 1, 2, 4 rows: +8–20%, on
+// two +2–18%). With 8 and 16 rows, which share each decoded weight, and for
+// FP8 and FP4, whose decoding needs the second group's chains, 16-row tiles
+// lost 7–10% or gained nothing (session 17).
+constexpr int64_t kGemvBf16TileRows = 16;
+constexpr int64_t kGemvBf16NarrowInputRows = 4;
 
 // Input rows a tile takes at once: 8 rows × 2 groups are 16 accumulators,
 // which with the decoding's registers still fit the 32 zmm; each further
