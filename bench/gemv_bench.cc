@@ -1,5 +1,5 @@
 // The decode GEMV (src/kernels/gemv.h) on Flash-sized matrices, as Google
-// Benchmark cases: bytes of weight (with scales) per second for 1, 8 and 16
+// Benchmark cases: bytes of weight (with scales) per second for 1, 2, 4, 8 and 16
 // input rows, with the weight in cache (one matrix, read again and again) and
 // streamed from memory (matrices cycled through 512 MiB), on 1 thread and on
 // all of them. Block scales are those of real weights (2^-12 to 2^-3). The
