@@ -32,21 +32,6 @@ bool gemv_available(const Weight& w, int64_t M) {
   return false;
 }
 
-#ifdef DSV4_HAVE_AVX512_KERNELS
-namespace {
-// Bytes of one stored row of w (without its scales).
-int64_t gemv_row_bytes(const Weight& w) {
-  switch (w.kind) {
-    case Weight::Kind::kFP8: return w.in;
-    case Weight::Kind::kFP4: return w.in / 2;
-    case Weight::Kind::kBF16: return 2 * w.in;
-    case Weight::Kind::kF32: return 4 * w.in;
-  }
-  return 4 * w.in;
-}
-}  // namespace
-#endif
-
 bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
           int64_t row_begin, int64_t row_end) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
@@ -62,7 +47,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows;
   const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,
                 stride = std::clamp<int64_t>(
-                    std::min<int64_t>(4096 / std::max<int64_t>(1, gemv_row_bytes(w)), tiles / pool.size()), 1, 8),
+                    std::min<int64_t>(4096 / std::max<int64_t>(1, w.row_bytes()), tiles / pool.size()), 1, 8),
                 span = stride * tile_rows, spans = (rows + span - 1) / span;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.

@@ -354,9 +354,9 @@ void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, S
 template <int G>
 Rows<G> rows_of(const Weight& w, int64_t o0, int64_t stride, int64_t n) {
   switch (w.kind) {
-    case Weight::Kind::kFP8: return Rows<G>(w, o0, stride, n, w.in, (w.in + w.block - 1) / w.block, w.block);
-    case Weight::Kind::kFP4: return Rows<G>(w, o0, stride, n, w.in / 2, w.in / 32, 1);
-    default: return Rows<G>(w, o0, stride, n, 2 * w.in, 0, 1);
+    case Weight::Kind::kFP8: return Rows<G>(w, o0, stride, n, w.row_bytes(), (w.in + w.block - 1) / w.block, w.block);
+    case Weight::Kind::kFP4: return Rows<G>(w, o0, stride, n, w.row_bytes(), w.in / 32, 1);
+    default: return Rows<G>(w, o0, stride, n, w.row_bytes(), 0, 1);
   }
 }
 

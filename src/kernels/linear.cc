@@ -19,6 +19,16 @@
 
 namespace dsv4 {
 
+int64_t Weight::row_bytes() const {
+  switch (kind) {
+    case Kind::kFP8: return in;
+    case Kind::kFP4: return in / 2;
+    case Kind::kBF16: return 2 * in;
+    case Kind::kF32: break;
+  }
+  return 4 * in;
+}
+
 void Weight::dequant_row(int64_t o, float* dst) const {
   switch (kind) {
     case Kind::kF32: {

@@ -14,6 +14,8 @@ struct Weight {
   const uint8_t* scale = nullptr;  // e8m0: FP8 [ceil(out/B)][ceil(in/B)], FP4 [out][in/32]
   int block = 128;                 // FP8 weight block size
 
+  // Bytes of one stored row (without its scales).
+  int64_t row_bytes() const;
   // Writes row o of the dequantised weight (in values) to dst.
   void dequant_row(int64_t o, float* dst) const;
   // Writes rows [o0, o0 + 16) as a gemm panel, panel[k·16 + j] = W[o0 + j][k],
