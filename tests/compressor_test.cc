@@ -149,7 +149,8 @@ std::vector<float> ref_compress(const CompFixture& f) {
   return out;
 }
 
-// Feeds the fixture's tokens in tiles starting at the given split points.
+// Projects all the fixture's tokens at once and feeds them in tiles starting
+// at the given split points, as attention_forward does.
 dsv4::CompressorState run_compressor(const CompFixture& f, std::vector<int64_t> splits) {
   const dsv4::RopeTable rope(dsv4::rope_params(f.c, true));
   // Pages for the compressor state; the pool outlives every state made here.
@@ -160,9 +161,9 @@ dsv4::CompressorState run_compressor(const CompFixture& f, std::vector<int64_t> 
   splits.insert(splits.begin(), 0);
   splits.push_back(f.T);
   dsv4::CompressorActivations act;
+  dsv4::compressor_project(f.w, f.x.data(), f.T, act);
   for (size_t i = 0; i + 1 < splits.size(); ++i)
-    dsv4::compressor_forward(f.w, f.c, rope, f.x.data() + splits[i] * f.D, splits[i], splits[i + 1] - splits[i], st,
-                             act);
+    dsv4::compressor_update(f.w, f.c, rope, act, splits[i], splits[i], splits[i + 1] - splits[i], st);
   return st;
 }
 

@@ -110,10 +110,4 @@ void compressor_update(const CompressorWeights& w, const ModelConfig& c, const R
   }
 }
 
-void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act) {
-  compressor_project(w, x, n, act);
-  compressor_update(w, c, rope, act, 0, p0, n, st);
-}
-
 }  // namespace dsv4

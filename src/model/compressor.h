@@ -54,10 +54,6 @@ void compressor_project(const CompressorWeights& w, const float* x, int64_t n, C
 void compressor_update(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
                        const CompressorActivations& act, int64_t i0, int64_t p0, int64_t n, CompressorState& st);
 
-// Both for one tile: x [n][D] at positions [p0, p0 + n).
-void compressor_forward(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope, const float* x,
-                        int64_t p0, int64_t n, CompressorState& st, CompressorActivations& act);
-
 // Emits row `c_idx` from the state's ring (all its source tokens present).
 void compressor_emit_row(const CompressorWeights& w, const ModelConfig& c, const RopeTable& rope,
                          const CompressorState& st, int64_t c_idx, float* out);
