@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemv.h"
@@ -123,4 +124,12 @@ BENCHMARK_CAPTURE(run, bf16_head_slice, Kind::kBF16, 8192, 4096, 0, 0)->Apply(ro
 }  // namespace
 }  // namespace dsv4
 
-BENCHMARK_MAIN();
+// DSV4_ISA picks the kernel variant, as for the dsv4 command.
+int main(int argc, char** argv) {
+  if (const char* isa = std::getenv("DSV4_ISA")) dsv4::set_kernel_isa(dsv4::parse_isa(isa, "DSV4_ISA"));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

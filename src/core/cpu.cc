@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "core/error.h"
+#include "core/peak.h"
 
 namespace dsv4 {
 
@@ -59,10 +60,16 @@ std::vector<Isa> supported_isas() {
   return r;
 }
 
+Isa default_isa() {
+  const Isa best = supported_isas().back();
+  if (best == Isa::kAvx512Bf16 && bf16_dot_to_fma_ratio() < 1.0) return Isa::kAvx512;
+  return best;
+}
+
 Isa kernel_isa() {
   int v = g_isa.load(std::memory_order_relaxed);
   if (v < 0) {
-    v = int(supported_isas().back());
+    v = int(default_isa());
     g_isa.store(v, std::memory_order_relaxed);
   }
   return Isa(v);

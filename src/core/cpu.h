@@ -27,7 +27,14 @@ const char* isa_name(Isa isa);
 // Variants this build has and this CPU can run, slowest first.
 std::vector<Isa> supported_isas();
 
-// The variant the kernels use now: the fastest supported one unless set.
+// The variant kernel_isa() starts with: the last of supported_isas(),
+// except that AVX512-BF16 gives way to AVX-512 where vdpbf16ps does fewer
+// flops per second than fp32 FMA (core/peak.h). On the Intel Xeon of
+// session 18 it does half as many, and the fp32 kernels prefilled 1.45×
+// faster (docs/PERFORMANCE.md).
+Isa default_isa();
+
+// The variant the kernels use now: default_isa() unless set.
 Isa kernel_isa();
 
 // Throws Error when `isa` is not supported here.

@@ -247,6 +247,34 @@ double measure_loop_gflops(ThreadPool& pool, double seconds, const Loop& loop) {
 
 }  // namespace
 
+double bf16_dot_to_fma_ratio() {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  static const double ratio = [] {
+    if (supported_isas().back() != Isa::kAvx512Bf16) return 0.0;
+    auto rate = [](float (*run)(int64_t, float), double flops_per_iter) {
+      int64_t iters = 1 << 12;  // calibrated to about a millisecond
+      for (;;) {
+        const auto t0 = Clock::now();
+        g_sink = g_sink + run(iters, 1.f);
+        if (since(t0) > 1e-3 || iters > (int64_t(1) << 30)) break;
+        iters *= 2;
+      }
+      double best = 0;
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = Clock::now();
+        g_sink = g_sink + run(iters, float(rep));
+        best = std::max(best, flops_per_iter * double(iters) / since(t0));
+      }
+      return best;
+    };
+    return rate(dpbf16_kernel, 4.0 * 16 * kChains) / rate(fma_kernel_avx512, 2.0 * 16 * kChains);
+  }();
+  return ratio;
+#else
+  return 0;
+#endif
+}
+
 double measure_peak_gflops(ThreadPool& pool, double seconds) { return measure_loop_gflops(pool, seconds, peak_loop()); }
 
 PeakResult measure_peak(ThreadPool& pool, double seconds) {
