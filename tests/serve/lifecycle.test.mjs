@@ -1,5 +1,6 @@
 // A stream's life in dsv4 serve (docs/SERVER.md): a client that goes away
-// mid-stream cancels its request and its cache pages come back; a stream
+// mid-stream, or before a non-streamed answer is complete, cancels its
+// request and its cache pages come back; a stream
 // with nothing to send yet (waiting behind another request) gets SSE comment
 // lines every --keepalive-seconds, then its answer.
 import { test, before, after } from 'node:test';
@@ -54,6 +55,38 @@ test('a client that disconnects mid-stream cancels its request and frees its pag
   }
   assert.equal(m.dsv4_requests_cancelled_total, before.dsv4_requests_cancelled_total + 1);
   assert.equal(m.dsv4_cache_pool_bytes_used, 0, 'the cancelled request\'s pages are back in the pool');
+  assert.ok(m.dsv4_generated_tokens_total - before.dsv4_generated_tokens_total < 1500,
+    'the request stopped long before its max_tokens');
+});
+
+test('a client that disconnects before a non-streamed answer cancels its request and frees its pages', async () => {
+  const before = await s.settled();
+  const controller = new AbortController();
+  const answer = fetch(s.url + '/v1/chat/completions', {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(long({ stream: false })),
+    signal: controller.signal,
+  }).then((r) => r.text());
+  // Drop the connection once the request runs and holds pages (its tokens
+  // are counted only when it ends; nothing has come back yet).
+  const running = Date.now() + 30e3;
+  for (;;) {
+    const m = await s.metrics();
+    if (m.dsv4_requests_running === 1 && m.dsv4_cache_pool_bytes_used > 0) break;
+    assert.ok(Date.now() < running, `the request did not start within 30 s: ${JSON.stringify(m)}`);
+    await sleep(20);
+  }
+  await sleep(300);
+  controller.abort();
+  await answer.then(() => assert.fail('the answer came before the disconnect'), () => {});
+  const deadline = Date.now() + 10e3;
+  let m;
+  for (;;) {
+    m = await s.metrics();
+    if (m.dsv4_requests_running === 0 && m.dsv4_cache_pool_bytes_used === 0) break;
+    assert.ok(Date.now() < deadline, `still running 10 s after the disconnect: ${JSON.stringify(m)}`);
+    await sleep(100);
+  }
+  assert.equal(m.dsv4_requests_cancelled_total, before.dsv4_requests_cancelled_total + 1);
   assert.ok(m.dsv4_generated_tokens_total - before.dsv4_generated_tokens_total < 1500,
     'the request stopped long before its max_tokens');
 });

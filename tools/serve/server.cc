@@ -1,5 +1,6 @@
 #include "serve/server.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "serve/chat_page.h"
+#include "serve/client_socket.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
 #include "serve/scheduler.h"
@@ -93,7 +95,8 @@ class Server {
 
   void handle_generate(const Request& req, Response& res, Endpoint endpoint);
   std::shared_ptr<RequestStream> submit(const GenerationRequest& g);
-  void answer_whole(Response& res, const ApiRequest& r, RequestStream& stream, const std::string& id);
+  void answer_whole(const Request& req, Response& res, const ApiRequest& r, RequestStream& stream,
+                    const std::string& id);
   void answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::shared_ptr<RequestStream> stream,
                      const std::string& id);
   void handle_models(Response& res);
@@ -247,7 +250,7 @@ void Server::handle_generate(const Request& req, Response& res, Endpoint endpoin
       answer_stream(res, r, std::move(stream), id);
     } else {
       InFlight guard(in_flight_);
-      answer_whole(res, *r, *submit(r->generation), id);
+      answer_whole(req, res, *r, *submit(r->generation), id);
     }
   } catch (const ApiError& e) {
     send_error(res, e);
@@ -260,11 +263,24 @@ ApiError update_error(const Update& u) {
   return ApiError(500, "server_error", "internal_error", u.error.empty() ? "the request failed" : u.error);
 }
 
-void Server::answer_whole(Response& res, const ApiRequest& r, RequestStream& stream, const std::string& id) {
+// How often an answer that has nothing new checks that its client is still there.
+constexpr std::chrono::milliseconds kClientPoll{250};
+
+void Server::answer_whole(const Request& req, Response& res, const ApiRequest& r, RequestStream& stream,
+                          const std::string& id) {
+  // Not found (-1): the client is never taken for gone, as before.
+  const int client = find_connected_socket(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
   Answer a;
   Update u;
   while (a.final_update.finish == Finish::kNone) {
-    if (!stream.next(&u, std::chrono::seconds(1))) continue;
+    if (client >= 0 && peer_closed(client)) {
+      stream.cancel();
+      // httplib writes an answer after every handler, this empty one too: it
+      // fails at once instead of reaching a client that may still read.
+      shutdown(client, SHUT_RDWR);
+      return;
+    }
+    if (!stream.next(&u, kClientPoll)) continue;
     a.tokens.insert(a.tokens.end(), u.tokens.begin(), u.tokens.end());
     a.text += u.text;
     if (u.finish != Finish::kNone) a.final_update = u;
@@ -291,9 +307,6 @@ struct StreamState {
   bool send_data(DataSink& sink, const std::string& payload) { return send(sink, "data: " + payload + "\n\n"); }
 };
 
-// How often a waiting stream checks that its client is still there.
-constexpr std::chrono::milliseconds kStreamPoll{250};
-
 void Server::answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::shared_ptr<RequestStream> stream,
                            const std::string& id) {
   auto st = std::make_shared<StreamState>(r, std::move(stream), model_, id);
@@ -303,7 +316,7 @@ void Server::answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::sh
       "text/event-stream",  // exactly this: httplib compresses (and so buffers) other text/ types
       [st, keepalive](size_t, DataSink& sink) {
         Update u;
-        if (!st->stream->next(&u, kStreamPoll)) {
+        if (!st->stream->next(&u, kClientPoll)) {
           // Nothing new: a keep-alive now and then, which also finds a client that went away.
           const bool due = Clock::now() - st->last_write >= keepalive;
           if (!sink.is_writable() || (due && !st->send(sink, ": keep-alive\n\n"))) {
