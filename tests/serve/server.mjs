@@ -123,7 +123,12 @@ export async function startServer(args = [], { model = makeModel(), waitHealthy 
     // SIGTERM; the process must exit 0 within deadlineMs.
     async stop({ deadlineMs = 30e3, signal = 'SIGTERM' } = {}) {
       if (exited === null && signal) proc.kill(signal);
-      const e = await Promise.race([exitPromise, sleep(deadlineMs).then(() => null)]);
+      // The deadline's timer is cleared once the process exits: left pending it
+      // would keep node alive for the rest of it after the last test.
+      let timer;
+      const deadline = new Promise((resolve) => { timer = setTimeout(() => resolve(null), deadlineMs); });
+      const e = await Promise.race([exitPromise, deadline]);
+      clearTimeout(timer);
       if (e === null) {
         proc.kill('SIGKILL');
         await exitPromise;
