@@ -1048,8 +1048,9 @@ std::string full_help() {
          "Environment: DSV4_STAGES=1 makes prefill print the seconds spent per stage\n"
          "(projections, compressors, indexer, attention, gate, experts, hc, head).\n"
          "DSV4_ISA=scalar|avx2|avx512|avx512bf16 picks the GEMM kernel variant (default: the\n"
-         "fastest this CPU runs); every variant gives the same bits, only the speed\n"
-         "differs.\n"
+         "fastest this CPU runs; avx512bf16 only where vdpbf16ps, measured at start, does\n"
+         "more flops per second than fp32 FMA); every variant gives the same bits, only the\n"
+         "speed differs.\n"
          "DSV4_PROGRESS_DELAY_MS=N: show the prefill progress line (terminals only) after N ms\n"
          "instead of 1000.\n\n"
          "Errors in input (files, config, prompt) print one line and exit with code 2.\n";
