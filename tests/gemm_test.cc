@@ -13,8 +13,8 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
-#include "core/peak.h"
 #include "core/formats.h"
+#include "core/peak.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/linear.h"
