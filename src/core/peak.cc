@@ -217,27 +217,38 @@ Loop fma_loop() {
 #endif
 }
 
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+// The vdpbf16ps loop (CPUs with AVX512-BF16 only).
+Loop dot_loop() {
+  return {dpbf16_kernel, 4.0 * 16 * kChains,
+          "BF16 dot product vdpbf16ps (AVX512-BF16, 12 independent 16-lane chains per thread, 64 flops per "
+          "instruction), which the GEMM kernels use where it gives the fp32 FMA chain's bits (core/cpu.h)"};
+}
+#endif
+
 // The loop of the arithmetic the GEMM kernels use now (kernel_isa()).
 Loop peak_loop() {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  if (kernel_isa() == Isa::kAvx512Bf16)
-    return {dpbf16_kernel, 4.0 * 16 * kChains,
-            "BF16 dot product vdpbf16ps (AVX512-BF16, 12 independent 16-lane chains per thread, 64 flops per "
-            "instruction), which the GEMM kernels use where it gives the fp32 FMA chain's bits (core/cpu.h)"};
+  if (kernel_isa() == Isa::kAvx512Bf16) return dot_loop();
 #endif
   return fma_loop();
 }
 
-// GFLOP/s of `loop` on all threads of pool.
-double measure_loop_gflops(ThreadPool& pool, double seconds, const Loop& loop) {
-  // Calibrate one item to ~2 ms on one thread.
-  int64_t iters = 1 << 14;
+// Iterations of `loop` that take more than `seconds` on the calling thread
+// (a power of two; running it up to there also wakes the vector units).
+int64_t calibrated_iters(const Loop& loop, double seconds) {
+  int64_t iters = 1 << 12;
   for (;;) {
     const auto t0 = Clock::now();
     g_sink = g_sink + loop.run(iters, 1.f);
-    if (since(t0) > 2e-3 || iters > (int64_t(1) << 30)) break;
+    if (since(t0) > seconds || iters > (int64_t(1) << 30)) return iters;
     iters *= 2;
   }
+}
+
+// GFLOP/s of `loop` on all threads of pool.
+double measure_loop_gflops(ThreadPool& pool, double seconds, const Loop& loop) {
+  const int64_t iters = calibrated_iters(loop, 2e-3);  // one item: ~2 ms on one thread
   const auto t0 = Clock::now();
   g_sink = g_sink + loop.run(iters, 2.f);
   const double item_s = since(t0);
@@ -251,29 +262,19 @@ double bf16_dot_to_fma_ratio() {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   static const double ratio = [] {
     if (supported_isas().back() != Isa::kAvx512Bf16) return 0.0;
-    struct Kernel {
-      float (*run)(int64_t, float);
-      double flops_per_iter;
-      int64_t iters = 1 << 12;
-      double best = 0;
-    };
-    Kernel dot{dpbf16_kernel, 4.0 * 16 * kChains}, fma{fma_kernel_avx512, 2.0 * 16 * kChains};
-    for (Kernel* k : {&fma, &dot})  // each calibrated to about a millisecond (which also wakes the vector units)
-      for (;;) {
-        const auto t0 = Clock::now();
-        g_sink = g_sink + k->run(k->iters, 1.f);
-        if (since(t0) > 1e-3 || k->iters > (int64_t(1) << 30)) break;
-        k->iters *= 2;
-      }
+    const Loop loops[2] = {dot_loop(), fma_loop()};  // fma_loop: AVX-512 on every AVX512-BF16 CPU
+    int64_t iters[2];
+    for (int i : {1, 0}) iters[i] = calibrated_iters(loops[i], 1e-3);
     // Alternated, best of three each: load from other processes that comes
     // and goes lowers both alike.
+    double best[2] = {0, 0};
     for (int rep = 0; rep < 3; ++rep)
-      for (Kernel* k : {&dot, &fma}) {
+      for (int i : {0, 1}) {
         const auto t0 = Clock::now();
-        g_sink = g_sink + k->run(k->iters, float(rep));
-        k->best = std::max(k->best, k->flops_per_iter * double(k->iters) / since(t0));
+        g_sink = g_sink + loops[i].run(iters[i], float(rep));
+        best[i] = std::max(best[i], loops[i].flops_per_iter * double(iters[i]) / since(t0));
       }
-    return dot.best / fma.best;
+    return best[0] / best[1];
   }();
   return ratio;
 #else
@@ -296,7 +297,7 @@ PeakResult measure_peak(ThreadPool& pool, double seconds) {
   r.fma_gflops = peak.run == fma.run ? r.gflops : measure_loop_gflops(pool, seconds, fma);
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   if (supported_isas().back() == Isa::kAvx512Bf16) {
-    const Loop dot{dpbf16_kernel, 4.0 * 16 * kChains, ""};
+    const Loop dot = dot_loop();
     r.bf16_insn_gflops = peak.run == dot.run ? r.gflops : measure_loop_gflops(pool, seconds, dot);
   }
 #endif
