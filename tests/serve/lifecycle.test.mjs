@@ -36,6 +36,18 @@ async function readThenAbort(response, controller, n) {
   return raw;
 }
 
+// Polls /metrics every `every` ms until done(m); fails with `what` and the
+// last metrics once `ms` have passed.
+async function metricsWhen(done, ms, what, every = 100) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const m = await s.metrics();
+    if (done(m)) return m;
+    assert.ok(Date.now() < deadline, `${what}: ${JSON.stringify(m)}`);
+    await sleep(every);
+  }
+}
+
 test('a client that disconnects mid-stream cancels its request and frees its pages', async () => {
   const before = await s.settled();
   const controller = new AbortController();
@@ -45,14 +57,9 @@ test('a client that disconnects mid-stream cancels its request and frees its pag
   });
   assert.equal(r.status, 200);
   await readThenAbort(r, controller, 4).catch(() => {});
-  const deadline = Date.now() + 30e3;
-  let m;
-  for (;;) {
-    m = await s.metrics();
-    if (m.dsv4_requests_cancelled_total > before.dsv4_requests_cancelled_total && m.dsv4_requests_running === 0) break;
-    assert.ok(Date.now() < deadline, `not cancelled 30 s after the disconnect: ${JSON.stringify(m)}`);
-    await sleep(100);
-  }
+  const m = await metricsWhen(
+    (m) => m.dsv4_requests_cancelled_total > before.dsv4_requests_cancelled_total && m.dsv4_requests_running === 0,
+    30e3, 'not cancelled 30 s after the disconnect');
   assert.equal(m.dsv4_requests_cancelled_total, before.dsv4_requests_cancelled_total + 1);
   assert.equal(m.dsv4_cache_pool_bytes_used, 0, 'the cancelled request\'s pages are back in the pool');
   assert.ok(m.dsv4_generated_tokens_total - before.dsv4_generated_tokens_total < 1500,
@@ -68,24 +75,13 @@ test('a client that disconnects before a non-streamed answer cancels its request
   }).then((r) => r.text());
   // Drop the connection once the request runs and holds pages (its tokens
   // are counted only when it ends; nothing has come back yet).
-  const running = Date.now() + 30e3;
-  for (;;) {
-    const m = await s.metrics();
-    if (m.dsv4_requests_running === 1 && m.dsv4_cache_pool_bytes_used > 0) break;
-    assert.ok(Date.now() < running, `the request did not start within 30 s: ${JSON.stringify(m)}`);
-    await sleep(20);
-  }
+  await metricsWhen((m) => m.dsv4_requests_running === 1 && m.dsv4_cache_pool_bytes_used > 0, 30e3,
+    'the request did not start within 30 s', 20);
   await sleep(300);
   controller.abort();
   await answer.then(() => assert.fail('the answer came before the disconnect'), () => {});
-  const deadline = Date.now() + 10e3;
-  let m;
-  for (;;) {
-    m = await s.metrics();
-    if (m.dsv4_requests_running === 0 && m.dsv4_cache_pool_bytes_used === 0) break;
-    assert.ok(Date.now() < deadline, `still running 10 s after the disconnect: ${JSON.stringify(m)}`);
-    await sleep(100);
-  }
+  const m = await metricsWhen((m) => m.dsv4_requests_running === 0 && m.dsv4_cache_pool_bytes_used === 0, 10e3,
+    'still running 10 s after the disconnect');
   assert.equal(m.dsv4_requests_cancelled_total, before.dsv4_requests_cancelled_total + 1);
   assert.ok(m.dsv4_generated_tokens_total - before.dsv4_generated_tokens_total < 1500,
     'the request stopped long before its max_tokens');
