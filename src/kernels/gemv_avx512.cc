@@ -292,7 +292,7 @@ template <int G, int MR>
 void fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Sums<G, MR>& acc) {
   const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
                                       -4.f, -6.f);
-  const int64_t cols = w.in / 32, row_bytes = w.in / 2, lines = (row_bytes + 63) / 64;
+  const int64_t cols = w.in / 32, row_bytes = w.row_bytes(), lines = (row_bytes + 63) / 64;
   Fp4Scales scales;
   Lines<G> buf;
   __m512 scale[G];
@@ -329,7 +329,7 @@ void fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
 template <int G, int MR>
 void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Sums<G, MR>& acc) {
   const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
-  const int64_t row_bytes = 2 * w.in, lines = (row_bytes + 63) / 64;
+  const int64_t row_bytes = w.row_bytes(), lines = (row_bytes + 63) / 64;
   Lines<G> buf;
   for (int64_t line = 0; line < lines; ++line) {
     r.prefetch(line, lines);

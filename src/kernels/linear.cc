@@ -252,7 +252,7 @@ void panel_plain_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
 // F32 (kPerDword 1) or BF16 (2) rows [o0, o0 + 16) to the panel.
 template <int kPerDword>
 void panel_plain(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const int64_t row_bytes = w.in * (4 / kPerDword);
+  const int64_t row_bytes = w.row_bytes();
   const Rows8 r[2] = {Rows8(w, o0, o_end, row_bytes, 0, 1, o0), Rows8(w, o0 + 8, o_end, row_bytes, 0, 1, o0)};
   if (o0 + 16 <= o_end)
     panel_plain_rows16<true, kPerDword>(w, r, panel);
@@ -261,7 +261,8 @@ void panel_plain(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
 }
 
 void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
-  const Rows8 r[2] = {Rows8(w, o0, o_end, w.in / 2, w.in / 32, 1, o0), Rows8(w, o0 + 8, o_end, w.in / 2, w.in / 32, 1, o0)};
+  const Rows8 r[2] = {Rows8(w, o0, o_end, w.row_bytes(), w.in / 32, 1, o0),
+                      Rows8(w, o0 + 8, o_end, w.row_bytes(), w.in / 32, 1, o0)};
   if (o0 + 16 <= o_end)
     panel_fp4_rows16<true>(w, r, panel);
   else

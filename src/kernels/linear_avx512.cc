@@ -160,7 +160,7 @@ __attribute__((target("avx512bw"))) inline __m512i scale_words(__m512i x, __m512
 
 void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
-  const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
+  const Rows16 r(w, o0, o_end, w.row_bytes(), w.in / 32);
   // e2m1 codes 0-15: bit 3 the sign, bits 0-2 the magnitude (MODEL.md §2).
   const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
                                       -4.f, -6.f);
@@ -236,7 +236,7 @@ __attribute__((target("avx512bw,avx512vbmi"))) void fp4_pairs_loop(const Rows16&
 
 bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
-  const Rows16 r(w, o0, o_end, w.in / 2, w.in / 32);
+  const Rows16 r(w, o0, o_end, w.row_bytes(), w.in / 32);
   ScaleRange range;
   if (r.keep == 0xffff)
     fp4_pairs_loop<true>(r, w.in, pairs, range);
