@@ -3,7 +3,9 @@
 // weight kind, shape, row count, kernel variant and thread count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "core/cpu.h"
+#include "core/formats.h"
 #include "core/thread_pool.h"
 #include "kernels/gemv.h"
 #include "kernels/linear.h"
@@ -25,7 +28,8 @@ using Kind = Weight::Kind;
 struct RandomWeight {
   std::vector<uint8_t> data, scale;
   Weight w;
-  RandomWeight(Kind kind, int64_t out, int64_t in, int block, int s_lo, int s_hi, bool nan_codes, uint32_t seed) {
+  RandomWeight(Kind kind, int64_t out, int64_t in, int block, int s_lo, int s_hi, bool nan_codes, uint32_t seed,
+               bool bf16_subnormals = true) {
     std::mt19937 rng(seed);
     w.kind = kind;
     w.out = out;
@@ -47,7 +51,7 @@ struct RandomWeight {
     if (kind == Kind::kBF16) {  // finite bf16 values of many magnitudes, some subnormal
       std::normal_distribution<float> nd;
       for (int64_t i = 0; i < out * in; ++i) {
-        const float v = std::ldexp(nd(rng), int(rng() % 40) - 20 - (i % 97 == 0 ? 110 : 0));
+        const float v = std::ldexp(nd(rng), int(rng() % 40) - 20 - (bf16_subnormals && i % 97 == 0 ? 110 : 0));
         uint32_t b;
         std::memcpy(&b, &v, 4);
         const uint16_t h = uint16_t(b >> 16);
@@ -63,11 +67,15 @@ struct RandomWeight {
   }
 };
 
-std::vector<float> random_rows(int64_t M, int64_t ld, uint32_t seed) {
+// Random rows; bf16 values where asked (as the head's input is).
+std::vector<float> random_rows(int64_t M, int64_t ld, uint32_t seed, bool bf16 = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   std::vector<float> x(size_t(M * ld));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 13 == 5 ? 0.f : std::ldexp(nd(rng), int(rng() % 16) - 8);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = i % 13 == 5 ? 0.f : std::ldexp(nd(rng), int(rng() % 16) - 8);
+    if (bf16) x[i] = bf16r(x[i]);
+  }
   return x;
 }
 
@@ -97,14 +105,14 @@ struct Shape {
 const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}, {37, 1184}, {70, 208},
                          {131, 1024}};
 
-void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true) {
+void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true, bool bf16_inputs = false) {
   const Weight& w = rw.w;
   const Isa best = kernel_isa();
   // 5, 8: one pass of the tile; 9, 13: 8 rows, then 1 or 5; 16: two passes
   // of 8 (kGemvMaxRows); 17: past it (gemm).
   for (int64_t M : {1, 2, 3, 5, 8, 9, 13, 16, 17}) {
     const int64_t ldx = w.in + 3, ldy = w.out + 5;
-    const std::vector<float> x = random_rows(M, ldx, uint32_t(w.out * 7 + M));
+    const std::vector<float> x = random_rows(M, ldx, uint32_t(w.out * 7 + M), bf16_inputs);
     // Whole weight and a row range that starts inside a tile.
     for (auto [b, e] : {std::pair<int64_t, int64_t>{0, w.out}, {w.out / 3, w.out - w.out / 5}}) {
       if (e <= b) continue;
@@ -153,6 +161,28 @@ TEST(Gemv, Fp4EqualsReferenceBitwise) {
 
 TEST(Gemv, Bf16EqualsReferenceBitwise) {
   for (const Shape& s : kShapes) expect_gemv_matches(RandomWeight(Kind::kBF16, s.out, s.in, 128, 0, 0, false, 3), "bf16");
+}
+
+// A BF16 weight with pair panels (the head, for decode): the same bits from
+// the panels on fp32 FMAs and, where the CPU has AVX512-BF16 and no value
+// could be flushed, on vdpbf16ps; a row range that does not start a panel
+// reads the rows as before. Subnormal weights or inputs that are not bf16
+// values keep the fp32 chains.
+TEST(Gemv, Bf16PairPanelsEqualReferenceBitwise) {
+  const std::vector<Isa> isas = supported_isas();
+  const bool dot = std::find(isas.begin(), isas.end(), Isa::kAvx512Bf16) != isas.end();
+  for (bool subnormals : {true, false})
+    for (bool bf16_inputs : {false, true})
+      for (const Shape& s : kShapes) {
+        RandomWeight rw(Kind::kBF16, s.out, s.in, 128, 0, 0, false, 3, subnormals);
+        const std::shared_ptr<const uint32_t> panels = pack_pair_panels(rw.w);
+        if (!panels) GTEST_SKIP() << "no AVX-512 kernels on this CPU";
+        EXPECT_EQ(rw.w.pair_min_exponent == Weight::kNoPairDot, subnormals);
+        const int64_t tiles = gemv_tile_count(), dot_tiles = gemv_dot_tile_count();
+        expect_gemv_matches(rw, subnormals ? "bf16 panels, subnormal" : "bf16 panels", true, bf16_inputs);
+        EXPECT_GT(gemv_tile_count(), tiles);
+        EXPECT_EQ(gemv_dot_tile_count() > dot_tiles, dot && bf16_inputs && !subnormals);
+      }
 }
 
 // What it cannot decode in registers (FP8 NaN codes, FP8 scales past 2^7)

@@ -41,6 +41,7 @@ enum class Buf {
   kGemmSums,         // gemm's tasks: a chunk's partial sums
   kPanelRow,         // Weight::dequant_panel_reference: one dequantised row
   kLinearInput,      // linear: the FP8-quantised input rows
+  kGemvInputPairs,   // gemv: the input rows as bf16 pairs, for the BF16 dot-product tiles
   kAttentionScores,  // attend_query (either path): the query's scores
   kAttentionQPairs,  // attend_query: q as bf16 pair panels
   kAttentionQColumns,  // attend_query: q transposed

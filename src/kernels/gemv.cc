@@ -3,20 +3,114 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
 
 #include "core/cpu.h"
 #include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
+#include "kernels/gemm.h"
 #include "kernels/gemv_avx512.h"
 
 namespace dsv4 {
 
 namespace {
-std::atomic<int64_t> g_tiles{0};
+
+std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
+
+// A bf16 value's biased exponent where vdpbf16ps takes it as it is (zero
+// or normal: 255 for zero, so that it bounds nothing), else -1.
+[[maybe_unused]] int dot_exponent(uint16_t h) {
+  const int e = (h >> 7) & 0xff;
+  if ((h & 0x7fff) == 0) return 255;
+  return e == 0 || e == 255 ? -1 : e;
+}
+
+// Input rows as pairs for gemv_pair_tile_avx512bf16 (rows of K / 2 dwords,
+// k in the high half): null where a value is not a bf16 value vdpbf16ps
+// takes as it is (low half set, subnormal, infinite, NaN); else
+// *min_exponent bounds the non-zero values' biased exponents.
+[[maybe_unused]] const uint32_t* input_pairs(const float* x, int64_t M, int64_t K, int64_t ldx, int* min_exponent) {
+  uint32_t* const out = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * K / 2));
+  int lo = 255;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < K / 2; ++j) {
+      uint32_t a, b;
+      std::memcpy(&a, x + m * ldx + 2 * j, 4);
+      std::memcpy(&b, x + m * ldx + 2 * j + 1, 4);
+      const int ea = dot_exponent(uint16_t(a >> 16)), eb = dot_exponent(uint16_t(b >> 16));
+      if ((a | b) & 0xffff || ea < 0 || eb < 0) return nullptr;
+      lo = std::min({lo, ea, eb});
+      out[m * (K / 2) + j] = (a & 0xffff0000u) | (b >> 16);
+    }
+  *min_exponent = lo;
+  return out;
+}
+
+// The input rows as pairs where the tiles may run on vdpbf16ps over w's
+// pair panels with the fp32 chain's bits (kernel_isa() is
+// Isa::kAvx512Bf16, every value exact, no subnormal product or sum:
+// gemm.h); null otherwise.
+const uint32_t* dot_input(const Weight& w, const float* x, int64_t M, int64_t ldx) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  int x_min_exponent = 0;
+  if (kernel_isa() != Isa::kAvx512Bf16 || w.pair_min_exponent == Weight::kNoPairDot) return nullptr;
+  const uint32_t* xp = input_pairs(x, M, w.in, ldx, &x_min_exponent);
+  return xp && x_min_exponent + w.pair_min_exponent >= kDotMinBiasedExponentSum ? xp : nullptr;
+#else
+  (void)w, (void)x, (void)M, (void)ldx;
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 int64_t gemv_tile_count() { return g_tiles.load(std::memory_order_relaxed); }
+int64_t gemv_dot_tile_count() { return g_dot_tiles.load(std::memory_order_relaxed); }
+
+bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
+  return w.pair_panels != nullptr && stride == 1 && o0 % 16 == 0;
+}
+
+std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
+#ifdef DSV4_HAVE_AVX512_KERNELS
+  if (w.kind != Weight::Kind::kBF16 || w.in % 8 != 0 || supported_isas().back() < Isa::kAvx512) return nullptr;
+  constexpr size_t kHuge = size_t(2) << 20;
+  const int64_t panels = (w.out + 15) / 16, kp = w.in / 2;
+  const size_t bytes = size_t(panels * kp * 16) * 4;
+  uint32_t* const p = static_cast<uint32_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+  if (!p) throw std::bad_alloc();
+  advise_huge_pages(p, bytes);
+  std::shared_ptr<const uint32_t> owner(p, [](const uint32_t* q) { std::free(const_cast<uint32_t*>(q)); });
+  std::vector<int> lo(size_t(panels), 255);
+  ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t q = p0; q < p1; ++q)
+      for (int i = 0; i < 16; ++i) {
+        const int64_t row = 16 * q + i;
+        const uint8_t* src = w.data + row * w.in * 2;
+        for (int64_t j = 0; j < kp; ++j) {
+          uint16_t a = 0, b = 0;
+          if (row < w.out) {
+            std::memcpy(&a, src + 4 * j, 2);
+            std::memcpy(&b, src + 4 * j + 2, 2);
+          }
+          lo[size_t(q)] = std::min({lo[size_t(q)], dot_exponent(a), dot_exponent(b)});
+          p[(q * kp + j) * 16 + i] = uint32_t(a) << 16 | b;
+        }
+      }
+  });
+  const int min_exponent = *std::min_element(lo.begin(), lo.end());
+  w.pair_panels = p;
+  w.pair_min_exponent = min_exponent < 0 ? Weight::kNoPairDot : min_exponent;
+  return owner;
+#else
+  (void)w;
+  return nullptr;
+#endif
+}
 
 bool gemv_available(const Weight& w, int64_t M) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
@@ -43,11 +137,18 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // matrices on one thread went from 4.6-5.4 to 6.8-7.2 GB/s (session 17,
   // docs/PERFORMANCE.md "Decode"). A span is what the threads split, so
   // every thread still gets one; at most 8 (rows of 512 B).
+  // Pair panels are read 32 rows (two sequential streams) at a time, and
+  // on vdpbf16ps where that gives the same bits: the input rows are exact
+  // bf16 values and no product or sum can be subnormal (gemm.h).
   ThreadPool& pool = ThreadPool::global();
-  const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows;
+  const bool panels = gemv_reads_pair_panels(w, row_begin, 1);
+  const uint32_t* const xp = panels ? dot_input(w, x, M, ldx) : nullptr;
+  const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
   const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,
-                stride = std::clamp<int64_t>(
-                    std::min<int64_t>(4096 / std::max<int64_t>(1, w.row_bytes()), tiles / pool.size()), 1, 8),
+                stride = panels ? 1
+                                : std::clamp<int64_t>(std::min<int64_t>(4096 / std::max<int64_t>(1, w.row_bytes()),
+                                                                        tiles / pool.size()),
+                                                      1, 8),
                 span = stride * tile_rows, spans = (rows + span - 1) / span;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
@@ -61,7 +162,13 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
         // Input rows 8 at a time (the tile kernels' most): the tile's weight
         // rows are then read again from L2, not from memory.
         for (int64_t m0 = 0; m0 < M; m0 += kGemvTileInputRows)
-          if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, b + j, stride,
+          if (xp) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+            g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
+            gemv_pair_tile_avx512bf16(w, xp + m0 * (w.in / 2), std::min(kGemvTileInputRows, M - m0), w.in / 2, b, n,
+                                      ys + m0 * ldy, ldy);
+#endif
+          } else if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, b + j, stride,
                                 (n - j + stride - 1) / stride, ys + j + m0 * ldy, ldy)) {
             ok.store(false, std::memory_order_relaxed);
             return;

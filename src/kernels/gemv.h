@@ -11,6 +11,7 @@
 // (gemm.h).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "kernels/linear.h"
 
@@ -39,9 +40,18 @@ bool gemv_available(const Weight& w, int64_t M);
 bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
           int64_t row_begin, int64_t row_end);
 
-// Tiles gemv has computed since the process started: lets tests see that
-// the path ran.
+// Packs a BF16 weight's rows as pair panels (Weight::pair_panels), on the
+// pool's threads, points w at them and returns their owner; returns null
+// and leaves w alone where gemv would never read them (not BF16, in not a
+// multiple of 8, no AVX-512 kernels for this CPU). For the head: on flash4
+// half of a decode step's bytes, whose 16 × 16 transposes were half of the
+// BF16 tile's instructions.
+std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w);
+
+// Tiles gemv has computed since the process started, and those of them
+// that ran on vdpbf16ps over pair panels: lets tests see that a path ran.
 int64_t gemv_tile_count();
+int64_t gemv_dot_tile_count();
 
 // The definition: per output one std::fma chain in ascending k over
 // Weight::dequant_row. What the tests compare gemv with.

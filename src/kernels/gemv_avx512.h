@@ -32,7 +32,21 @@ constexpr int64_t kGemvTileInputRows = 8;
 // y[m][stride · i] (stride ldy). False where a value cannot be decoded
 // exactly in registers (FP8 NaN codes, FP8 scales above 2^7); y is then
 // partly written.
+// Whether a tile of rows o0, o0 + stride, ... reads w's pair panels: where
+// it has them, and the tile takes consecutive rows from a panel's start.
+// (Defined in gemv.cc: an inline copy compiled with -mavx512f could be the
+// one the linker keeps.)
+bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride);
+
 bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
                       float* y, int64_t ldy);
+
+// The same rows (pair panels only) on vdpbf16ps, for M ≤
+// kGemvTileInputRows input rows given as pairs (xp: rows of w.in / 2
+// dwords, stride ldxp; k in the high half): the caller has checked that
+// this gives the fp32 chain's bits (gemv.cc). Only where the build has the
+// AVX512-BF16 kernels and kernel_isa() is Isa::kAvx512Bf16.
+void gemv_pair_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int64_t o0, int64_t n,
+                               float* y, int64_t ldy);
 
 }  // namespace dsv4

@@ -5,6 +5,7 @@
 #include "core/arith.h"
 #include "core/error.h"
 #include "core/formats.h"
+#include "kernels/gemv.h"
 
 namespace dsv4 {
 
@@ -157,6 +158,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
   ModelWeights m;
   m.embed = load_weight(ck, "embed", BF16, V, D, int(B));
   m.head = load_weight(ck, "head", BF16, V, D, int(B));
+  m.head_pair_panels = pack_pair_panels(m.head);
   m.norm = load_vector(ck, "norm.weight", {D}, {DType::kBF16, DType::kF32});
   m.hc_head.fn = load_vector(ck, "hc_head_fn", {hc, hc * D}, {DType::kF32});
   m.hc_head.base = load_vector(ck, "hc_head_base", {hc}, {DType::kF32});

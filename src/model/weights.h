@@ -4,6 +4,7 @@
 // vectors (norms, hc mixers, biases) are copied to fp32.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ struct LayerWeights {
 struct ModelWeights {
   Weight embed;  // BF16 [vocab][D]
   Weight head;   // BF16 [vocab][D]
+  // The head's rows as pair panels for decode (kernels/gemv.h
+  // pack_pair_panels): head.pair_panels points into it; null where gemv
+  // cannot read them.
+  std::shared_ptr<const uint32_t> head_pair_panels;
   std::vector<float> norm;
   HcHeadWeights hc_head;
   std::vector<LayerWeights> layers;
