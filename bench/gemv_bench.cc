@@ -2,7 +2,9 @@
 // Benchmark cases: bytes of weight (with scales) per second for 1, 2, 4, 8 and 16
 // input rows, with the weight in cache (one matrix, read again and again) and
 // streamed from memory (matrices cycled through 512 MiB), on 1 thread and on
-// all of them. Block scales are those of real weights (2^-12 to 2^-3). The
+// all of them, with the inputs the engine gives them (FP8-quantised, or
+// bf16 for the head, which is packed into pair panels as the engine packs
+// it). Block scales are those of real weights (2^-12 to 2^-3). The
 // gap between "in cache" and "streamed" is what the row-per-lane layout costs
 // in memory traffic, the gap between "streamed" and the read bandwidth
 // (`dsv4 bench --decode`) what decode can still gain (docs/PERFORMANCE.md).
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "core/cpu.h"
+#include "core/formats.h"
 #include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemv.h"
@@ -31,6 +34,7 @@ using Kind = Weight::Kind;
 struct Matrices {
   std::unique_ptr<uint8_t, decltype(&std::free)> block{nullptr, &std::free};
   std::vector<Weight> w;
+  std::vector<std::shared_ptr<const uint32_t>> pair_panels;  // BF16: packed as the engine packs the head
   size_t bytes_each = 0;
 };
 
@@ -74,6 +78,7 @@ Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi)
     w.block = 128;
     w.data = d;
     w.scale = scale_bytes ? s : nullptr;
+    if (kind == Kind::kBF16) m.pair_panels.push_back(pack_pair_panels(w));
     m.w.push_back(w);
   }
   return m;
@@ -94,6 +99,15 @@ void run(benchmark::State& state, Kind kind, int64_t out, int64_t in, int s_lo, 
   std::normal_distribution<float> nd;
   std::vector<float> x(size_t(M * in)), y(size_t(M * out));
   for (auto& v : x) v = nd(rng);
+  // The inputs the engine gives: FP8-quantised for FP8/FP4 weights (which
+  // the vdpbf16ps tiles take), bf16 values for the head.
+  if (kind == Kind::kBF16) {
+    for (auto& v : x) v = bf16r(v);
+  } else {
+    std::vector<float> q(x.size());
+    act_quant_rows(x.data(), M, in, in, quant_linear_opts(128, true), q.data());
+    x = q;
+  }
   size_t next = 0;
   for (auto _ : state) {
     const Weight& w = m.w[next];

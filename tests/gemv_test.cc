@@ -185,6 +185,27 @@ TEST(Gemv, Bf16PairPanelsEqualReferenceBitwise) {
       }
 }
 
+// FP4 on vdpbf16ps (Isa::kAvx512Bf16; inputs exact bf16 values, as the
+// FP8-quantised activations are): the same bits. A tile whose scales could
+// make a product subnormal (codes below 2, whose values vdpbf16ps would
+// flush, or above 252) runs again on fp32 FMAs, with the same bits.
+TEST(Gemv, Fp4OnPairsEqualsReferenceBitwise) {
+  const std::vector<Isa> isas = supported_isas();
+  const bool dot = std::find(isas.begin(), isas.end(), Isa::kAvx512Bf16) != isas.end();
+  struct Case {
+    int s_lo, s_hi;
+    bool on_pairs;
+  };
+  for (const Case c : {Case{100, 140, true}, Case{0, 1, false}, Case{253, 255, false}})
+    for (const Shape& s : kShapes) {
+      if (s.in % 32 != 0) continue;
+      const RandomWeight rw(Kind::kFP4, s.out, s.in, 128, c.s_lo, c.s_hi, false, 11);
+      const int64_t dot_tiles = gemv_dot_tile_count();
+      expect_gemv_matches(rw, "fp4 on pairs", true, true);
+      EXPECT_EQ(gemv_dot_tile_count() > dot_tiles, dot && c.on_pairs) << "scale codes " << c.s_lo << "-" << c.s_hi;
+    }
+}
+
 // What it cannot decode in registers (FP8 NaN codes, FP8 scales past 2^7)
 // it refuses, and linear() still gives the reference's bits through gemm.
 TEST(Gemv, RefusesWhatItCannotDecodeAndLinearStaysExact) {

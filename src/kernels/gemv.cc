@@ -50,20 +50,48 @@ std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
   return out;
 }
 
-// The input rows as pairs where the tiles may run on vdpbf16ps over w's
-// pair panels with the fp32 chain's bits (kernel_isa() is
-// Isa::kAvx512Bf16, every value exact, no subnormal product or sum:
-// gemm.h); null otherwise.
-const uint32_t* dot_input(const Weight& w, const float* x, int64_t M, int64_t ldx) {
+// The input rows as pairs for the vdpbf16ps tiles (kernel_isa() is
+// Isa::kAvx512Bf16, every value an exact bf16 value): over pair panels
+// where no product or sum can be subnormal (gemm.h), and for FP4 weights,
+// whose tiles check their scales against min_exponent. xp null otherwise.
+struct DotInput {
+  const uint32_t* xp = nullptr;
+  int min_exponent = 0;
+};
+
+DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int64_t ldx) {
+  DotInput in;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  int x_min_exponent = 0;
-  if (kernel_isa() != Isa::kAvx512Bf16 || w.pair_min_exponent == Weight::kNoPairDot) return nullptr;
-  const uint32_t* xp = input_pairs(x, M, w.in, ldx, &x_min_exponent);
-  return xp && x_min_exponent + w.pair_min_exponent >= kDotMinBiasedExponentSum ? xp : nullptr;
+  const bool pairs = panels && w.pair_min_exponent != Weight::kNoPairDot;
+  if (kernel_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4)) return in;
+  in.xp = input_pairs(x, M, w.in, ldx, &in.min_exponent);
+  if (pairs && in.min_exponent + w.pair_min_exponent < kDotMinBiasedExponentSum) in.xp = nullptr;
 #else
-  (void)w, (void)x, (void)M, (void)ldx;
-  return nullptr;
+  (void)w, (void)panels, (void)x, (void)M, (void)ldx;
 #endif
+  return in;
+}
+
+// Rows b + j, b + j + stride, ... (n of them) for input rows [m0, m0 + mr):
+// on vdpbf16ps where `in` allows it (an FP4 tile that finds a scale it
+// cannot take runs again on fp32 FMAs), else gemv_tile_avx512's answer.
+bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, int64_t mr, int64_t ldx, int64_t b,
+              int64_t j, int64_t stride, int64_t n, float* ys, int64_t ldy) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  const int64_t kp = w.in / 2;
+  if (in.xp && w.kind == Weight::Kind::kBF16) {
+    g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
+    gemv_pair_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, b, n, ys + m0 * ldy, ldy);
+    return true;
+  }
+  if (in.xp && gemv_fp4_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, in.min_exponent, b + j, stride,
+                                        (n - j + stride - 1) / stride, ys + j + m0 * ldy, ldy)) {
+    g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+#endif
+  return gemv_tile_avx512(w, x + m0 * ldx, mr, ldx, b + j, stride, (n - j + stride - 1) / stride, ys + j + m0 * ldy,
+                          ldy);
 }
 
 }  // namespace
@@ -142,7 +170,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // bf16 values and no product or sum can be subnormal (gemm.h).
   ThreadPool& pool = ThreadPool::global();
   const bool panels = gemv_reads_pair_panels(w, row_begin, 1);
-  const uint32_t* const xp = panels ? dot_input(w, x, M, ldx) : nullptr;
+  const DotInput in = dot_input(w, panels, x, M, ldx);
   const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
   const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,
                 stride = panels ? 1
@@ -162,14 +190,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
         // Input rows 8 at a time (the tile kernels' most): the tile's weight
         // rows are then read again from L2, not from memory.
         for (int64_t m0 = 0; m0 < M; m0 += kGemvTileInputRows)
-          if (xp) {
-#ifdef DSV4_HAVE_AVX512BF16_KERNELS
-            g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
-            gemv_pair_tile_avx512bf16(w, xp + m0 * (w.in / 2), std::min(kGemvTileInputRows, M - m0), w.in / 2, b, n,
-                                      ys + m0 * ldy, ldy);
-#endif
-          } else if (!gemv_tile_avx512(w, x + m0 * ldx, std::min(kGemvTileInputRows, M - m0), ldx, b + j, stride,
-                                (n - j + stride - 1) / stride, ys + j + m0 * ldy, ldy)) {
+          if (!run_tile(w, in, x, m0, std::min(kGemvTileInputRows, M - m0), ldx, b, j, stride, n, ys, ldy)) {
             ok.store(false, std::memory_order_relaxed);
             return;
           }

@@ -49,4 +49,14 @@ bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, i
 void gemv_pair_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int64_t o0, int64_t n,
                                float* y, int64_t ldy);
 
+// An FP4 tile (rows o0, o0 + stride, ...; n of them) on vdpbf16ps, for M ≤
+// kGemvTileInputRows input rows given as pairs (as above; exact bf16
+// values, x_min_exponent the smallest biased exponent of the non-zero
+// ones). False, with y partly written, where a product could be flushed
+// (a scale code outside 2-252, or too small for the inputs): the caller
+// then computes the tile with gemv_tile_avx512. Same build and ISA
+// conditions as gemv_pair_tile_avx512bf16.
+bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
+                              int64_t o0, int64_t stride, int64_t n, float* y, int64_t ldy);
+
 }  // namespace dsv4

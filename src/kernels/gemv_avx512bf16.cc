@@ -7,6 +7,7 @@
 // -mavx512bf16 (CMakeLists.txt); like gemv_avx512.cc it calls no inline
 // function or template of another header.
 #include "kernels/gemv_avx512.h"
+#include "kernels/gemm.h"
 #include "kernels/gemv_tile_parts.h"
 
 #ifdef __AVX512BF16__
@@ -21,12 +22,13 @@ template <int G, int MR>
 void pair_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int64_t o0, int64_t n, float* y, int64_t ldy) {
   const int64_t kp = w.in / 2;
   const uint32_t* panel[G];
-  __m512 acc[MR][G];
+  __mmask16 keep[G];
+  Sums<G, MR> acc;
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     panel[g] = w.pair_panels + (o0 / kLanes + g) * kp * kLanes;
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) acc[m][g] = _mm512_setzero_ps();
+    const int64_t left = n - g * kLanes;
+    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
   }
   for (int64_t j = 0; j < kp; ++j) {
     __m512bh b[G];
@@ -36,14 +38,10 @@ void pair_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int64_t o0, in
     for (int m = 0; m < MR; ++m) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + j]));
 #pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) acc[m][g] = _mm512_dpbf16_ps(acc[m][g], a, b[g]);
+      for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], a, b[g]);
     }
   }
-  for (int g = 0; g < G; ++g) {
-    const int64_t left = n - g * kLanes;
-    const __mmask16 keep = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + g * kLanes, keep, acc[m][g]);
-  }
+  acc.store(keep, y, ldy, 1);
 }
 
 // pair_tile<G, M> for a run-time M in [1, MR].
@@ -56,7 +54,118 @@ void pair_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp
   pair_tile<G, MR>(w, xp, ldxp, o0, n, y, ldy);
 }
 
+// ---- FP4 -------------------------------------------------------------------
+// Byte j of a row holds codes 2j (low nibble) and 2j + 1 (high nibble); the
+// lane's pair wants bf16(w[2j]) in its high word and bf16(w[2j + 1]) in its
+// low word. One vpmultishiftqb builds the 32 word indices of a pair vector
+// (byte p of each lane's dword of transposed codes), one vpermw reads a
+// table of e2m1 × 2^125 as bf16 (both zeros +0; entries 16-31 repeat 0-15,
+// since vpermw reads 5 bits of an index and the 5th is the next code's),
+// and one unsigned saturating subtract of (252 − s) << 7 from both words
+// applies the block's scale 2^(s − 127): a non-zero value's exponent stays
+// in 1-254 for s in 2-252, a zero saturates to zero. (The chains start at
+// +0 and never hold −0, so the sign of a zero product changes nothing.)
+// Exact where every product is a normal number or zero: the smallest
+// non-zero weight is 0.5 · 2^(s − 127), exponent s − 1 biased.
+struct Fp4PairDecoder {
+  __m512i table, index_of[4];
+  Fp4PairDecoder() {
+    alignas(64) static constexpr uint16_t kValues[32] = {
+        0x0000, 0x7d80, 0x7e00, 0x7e40, 0x7e80, 0x7ec0, 0x7f00, 0x7f40,
+        0x0000, 0xfd80, 0xfe00, 0xfe40, 0xfe80, 0xfec0, 0xff00, 0xff40,
+        0x0000, 0x7d80, 0x7e00, 0x7e40, 0x7e80, 0x7ec0, 0x7f00, 0x7f40,
+        0x0000, 0xfd80, 0xfe00, 0xfe40, 0xfe80, 0xfec0, 0xff00, 0xff40};
+    table = _mm512_load_si512(kValues);
+    // Control bytes: the low word's low byte from bit 8p + 4 of the lane
+    // (code 2j + 1), the high word's from bit 8p (code 2j); the lane's
+    // dword is the low or high half of its qword.
+    for (int p = 0; p < 4; ++p)
+      index_of[p] = _mm512_set1_epi64(int64_t(uint64_t(8 * p + 4) | uint64_t(8 * p) << 16 |
+                                              uint64_t(32 + 8 * p + 4) << 32 | uint64_t(32 + 8 * p) << 48));
+  }
+  // The scale subtrahend of a block's codes s, in both words of each lane.
+  static __m512i subtrahend(__m512i s) {
+    const __m512i t = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(252), s), 7);
+    return _mm512_or_si512(t, _mm512_slli_epi32(t, 16));
+  }
+  // Pair p of every lane's dword of codes, scaled.
+  __m512bh pairs(__m512i codes, int p, __m512i sub) const {
+    const __m512i index = _mm512_multishift_epi64_epi8(index_of[p], codes);
+    return (__m512bh)_mm512_subs_epu16(_mm512_permutexvar_epi16(index, table), sub);
+  }
+};
+
+template <int G, int MR>
+bool fp4_pair_tile(const Weight& w, const Rows<G>& r, const uint32_t* xp, int64_t ldxp, int x_min_exponent,
+                   Sums<G, MR>& acc) {
+  const Fp4PairDecoder dec;
+  const int64_t cols = w.in / 32, row_bytes = w.row_bytes(), lines = (row_bytes + 63) / 64;
+  Fp4Scales scales;
+  Lines<G> buf;
+  __m512i sub[G];
+  __m512i lowest = _mm512_set1_epi32(255), highest = _mm512_setzero_si512();
+  for (int64_t line = 0; line < lines; ++line) {
+    r.prefetch(line, lines);
+    const int64_t byte0 = 64 * line;
+    const int dwords = int(row_bytes - byte0 >= 64 ? 16 : (row_bytes - byte0) / 4);
+    load_lines(r, byte0, dwords, buf, [](__m512i) {});
+    for (int d = 0; d < dwords; ++d) {
+      const int64_t j0 = byte0 + 4 * d;  // the pair (byte) index of the dword's first byte
+      if (d % 4 == 0) {
+        const int64_t col = j0 / 16;
+        if (col % 16 == 0) scales.load(r, col, cols);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          const __m512i s = scales.codes(g, int(col % 16));
+          lowest = _mm512_min_epu32(lowest, s);
+          highest = _mm512_max_epu32(highest, s);
+          sub[g] = Fp4PairDecoder::subtrahend(s);
+        }
+      }
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        __m512bh b[G];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) b[g] = dec.pairs(buf.load(g, d), p, sub[g]);
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+          const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + j0 + p]));
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], a, b[g]);
+        }
+      }
+    }
+  }
+  const int lo = int(_mm512_reduce_min_epu32(lowest)), hi = int(_mm512_reduce_max_epu32(highest));
+  return lo >= 2 && hi <= 252 && x_min_exponent + lo - 1 >= kDotMinBiasedExponentSum;
+}
+
+template <int G, int MR>
+bool fp4_tile_on_pairs(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0,
+                       int64_t stride, int64_t n, float* y, int64_t ldy) {
+  const Rows<G> r = rows_of<G>(w, o0, stride, n);
+  Sums<G, MR> acc;
+  if (!fp4_pair_tile(w, r, xp, ldxp, x_min_exponent, acc)) return false;
+  acc.store(r.keep, y, ldy, stride);
+  return true;
+}
+
+template <int G, int MR>
+bool fp4_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
+                   int64_t stride, int64_t n, float* y, int64_t ldy) {
+  if constexpr (MR > 1) {
+    if (M < MR) return fp4_tile_rows<G, MR - 1>(w, xp, M, ldxp, x_min_exponent, o0, stride, n, y, ldy);
+  }
+  return fp4_tile_on_pairs<G, MR>(w, xp, ldxp, x_min_exponent, o0, stride, n, y, ldy);
+}
+
 }  // namespace
+
+bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
+                              int64_t o0, int64_t stride, int64_t n, float* y, int64_t ldy) {
+  if (n > kLanes) return fp4_tile_rows<2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, stride, n, y, ldy);
+  return fp4_tile_rows<1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, stride, n, y, ldy);
+}
 
 void gemv_pair_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int64_t o0, int64_t n,
                                float* y, int64_t ldy) {

@@ -213,10 +213,14 @@ class Fp4Scales {
       }
     }
   }
+  // The e8m0 codes of block col0 + c of group g, one per lane.
+  __m512i codes(int g, int c) const {
+    return _mm512_and_si512(_mm512_srli_epi32(_mm512_load_si512(dwords_[g][c / 4]), unsigned(8 * (c % 4))),
+                            _mm512_set1_epi32(0xff));
+  }
   // The scale values (as e8m0_to_f32) of block col0 + c of group g.
   __m512 value(int g, int c) const {
-    const __m512i codes = _mm512_and_si512(
-        _mm512_srli_epi32(_mm512_load_si512(dwords_[g][c / 4]), unsigned(8 * (c % 4))), _mm512_set1_epi32(0xff));
+    const __m512i codes = this->codes(g, c);
     const __mmask16 zero = _mm512_cmpeq_epi32_mask(codes, _mm512_setzero_si512());  // code 0: 2^-127, subnormal
     return _mm512_castsi512_ps(
         _mm512_mask_mov_epi32(_mm512_slli_epi32(codes, 23), zero, _mm512_set1_epi32(0x00400000)));
