@@ -118,7 +118,7 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
     for (int64_t q = p0; q < p1; ++q)
       for (int i = 0; i < 16; ++i) {
         const int64_t row = 16 * q + i;
-        const uint8_t* src = w.data + row * w.in * 2;
+        const uint8_t* src = w.data + row * w.row_bytes();
         for (int64_t j = 0; j < kp; ++j) {
           uint16_t a = 0, b = 0;
           if (row < w.out) {

@@ -49,7 +49,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w);
 
 // Tiles gemv has computed since the process started, and those of them
-// that ran on vdpbf16ps over pair panels: lets tests see that a path ran.
+// that ran on vdpbf16ps (pair panels, FP4): lets tests see that a path ran.
 int64_t gemv_tile_count();
 int64_t gemv_dot_tile_count();
 

@@ -27,17 +27,17 @@ constexpr int64_t kGemvBf16NarrowInputRows = 4;
 // decoding together take 2 passes, not 4.
 constexpr int64_t kGemvTileInputRows = 8;
 
-// Rows o0 + stride · i, i in [0, n) (n ≤ kGemvTileRows), of the product for
-// M ≤ kGemvTileInputRows input rows x (stride ldx): the fp32 sums to
-// y[m][stride · i] (stride ldy). False where a value cannot be decoded
-// exactly in registers (FP8 NaN codes, FP8 scales above 2^7); y is then
-// partly written.
 // Whether a tile of rows o0, o0 + stride, ... reads w's pair panels: where
 // it has them, and the tile takes consecutive rows from a panel's start.
 // (Defined in gemv.cc: an inline copy compiled with -mavx512f could be the
 // one the linker keeps.)
 bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride);
 
+// Rows o0 + stride · i, i in [0, n) (n ≤ kGemvTileRows), of the product for
+// M ≤ kGemvTileInputRows input rows x (stride ldx): the fp32 sums to
+// y[m][stride · i] (stride ldy). False where a value cannot be decoded
+// exactly in registers (FP8 NaN codes, FP8 scales above 2^7); y is then
+// partly written.
 bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
                       float* y, int64_t ldy);
 

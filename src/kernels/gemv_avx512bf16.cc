@@ -1,10 +1,12 @@
-// The GEMV tile on vdpbf16ps: a BF16 weight's pair panels (Weight::
-// pair_panels, k in the high half of each dword) against input rows given
-// as pairs the same way, one instruction per 16 rows and two steps of k,
-// which continues each lane's chain as two FMAs in ascending k would
-// (core/cpu.h). gemv (gemv.cc) calls it only where no value can be flushed
-// (kDotMinBiasedExponentSum, kernels/gemm.h). Compiled with -mavx512f
-// -mavx512bf16 (CMakeLists.txt); like gemv_avx512.cc it calls no inline
+// The GEMV tiles on vdpbf16ps, for Isa::kAvx512Bf16: a BF16 weight's pair
+// panels (Weight::pair_panels, k in the high half of each dword) and FP4
+// weights decoded into pairs in registers, against input rows given as
+// pairs the same way. One instruction per 16 rows and two steps of k
+// continues each lane's chain as two FMAs in ascending k would
+// (core/cpu.h), where no value can be flushed (kDotMinBiasedExponentSum,
+// kernels/gemm.h): gemv (gemv.cc) checks the inputs and the panels, the FP4
+// tile its scales. Compiled with -mavx512f -mavx512bf16 -mavx512bw
+// -mavx512vbmi (CMakeLists.txt); like gemv_avx512.cc it calls no inline
 // function or template of another header.
 #include "kernels/gemv_avx512.h"
 #include "kernels/gemm.h"
