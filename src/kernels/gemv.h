@@ -23,11 +23,14 @@ namespace dsv4 {
 // Decode streams the weights from memory, where gemm's panels (decoded to
 // fp32, stored, packed again) cost more than gemv's second pass over a tile
 // in L2: 16 streams decoding together (issue 23) take the GEMV path too.
+// Except FP8 under Isa::kAvx512Bf16, whose gemm panels are bf16 pairs on
+// vdpbf16ps: there FP8 takes gemv up to 8 rows (session 19, Zen 4).
 constexpr int64_t kGemvMaxRows = 16;
 
 // Whether gemv can take this weight and M here: an AVX-512 CPU and kernel
 // variant (core/cpu.h), an FP8 (in and block multiples of 16), FP4 or BF16
-// (in a multiple of 8) weight, 1 ≤ M ≤ kGemvMaxRows.
+// (in a multiple of 8) weight, 1 ≤ M ≤ kGemvMaxRows (FP8 under avx512bf16:
+// M ≤ 8).
 bool gemv_available(const Weight& w, int64_t M);
 
 // y[m][o - row_begin] = Σ_k x[m][k] · W[o][k] for o in [row_begin, row_end),
