@@ -29,6 +29,20 @@ std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
   return e == 0 || e == 255 ? -1 : e;
 }
 
+// The smallest dot_exponent of n bf16 values (-1 where one is subnormal,
+// infinite or NaN), in one pass the compiler vectorises.
+[[maybe_unused]] int min_dot_exponent(const uint8_t* values, int64_t n) {
+  int lo = 255, bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, values + 2 * i, 2);
+    const int mag = h & 0x7fff, e = mag >> 7;
+    bad |= mag != 0 && (e == 0 || e == 255);
+    lo = std::min(lo, mag != 0 ? e : 255);
+  }
+  return bad ? -1 : lo;
+}
+
 // Input rows as pairs for gemv_pair_tile_avx512bf16 (rows of K / 2 dwords,
 // k in the high half): null where a value is not a bf16 value vdpbf16ps
 // takes as it is (low half set, subnormal, infinite, NaN); else
@@ -114,21 +128,22 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
   advise_huge_pages(p, bytes);
   std::shared_ptr<const uint32_t> owner(p, [](const uint32_t* q) { std::free(const_cast<uint32_t*>(q)); });
   std::vector<int> lo(size_t(panels), 255);
+  const int64_t row_bytes = w.row_bytes();
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
-    for (int64_t q = p0; q < p1; ++q)
-      for (int i = 0; i < 16; ++i) {
-        const int64_t row = 16 * q + i;
-        const uint8_t* src = w.data + row * w.row_bytes();
-        for (int64_t j = 0; j < kp; ++j) {
-          uint16_t a = 0, b = 0;
-          if (row < w.out) {
-            std::memcpy(&a, src + 4 * j, 2);
-            std::memcpy(&b, src + 4 * j + 2, 2);
-          }
-          lo[size_t(q)] = std::min({lo[size_t(q)], dot_exponent(a), dot_exponent(b)});
-          p[(q * kp + j) * 16 + i] = uint32_t(a) << 16 | b;
+    for (int64_t q = p0; q < p1; ++q) {
+      const int64_t rows = std::min<int64_t>(16, w.out - 16 * q);
+      for (int64_t i = 0; i < rows; ++i)
+        lo[size_t(q)] = std::min(lo[size_t(q)], min_dot_exponent(w.data + (16 * q + i) * row_bytes, w.in));
+      // Dword j of a row is values 2j (low half) and 2j + 1: rotated, 2j
+      // goes to the high half. Rows past `out` are zeros.
+      uint32_t* const panel = p + q * kp * 16;
+      for (int64_t j = 0; j < kp; ++j)
+        for (int64_t i = 0; i < 16; ++i) {
+          uint32_t v = 0;
+          if (i < rows) std::memcpy(&v, w.data + (16 * q + i) * row_bytes + 4 * j, 4);
+          panel[j * 16 + i] = v << 16 | v >> 16;
         }
-      }
+    }
   });
   const int min_exponent = *std::min_element(lo.begin(), lo.end());
   w.pair_panels = p;
