@@ -119,7 +119,8 @@ bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
 
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
-  if (w.kind != Weight::Kind::kBF16 || w.in % 8 != 0 || supported_isas().back() < Isa::kAvx512) return nullptr;
+  if (w.kind != Weight::Kind::kBF16 || w.in % 8 != 0 || w.out <= 0 || supported_isas().back() < Isa::kAvx512)
+    return nullptr;
   constexpr size_t kHuge = size_t(2) << 20;
   const int64_t panels = (w.out + 15) / 16, kp = w.in / 2;
   const size_t bytes = size_t(panels * kp * 16) * 4;
