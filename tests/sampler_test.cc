@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <set>
+#include <vector>
 
 #include "core/error.h"
 
@@ -24,6 +27,66 @@ std::vector<int> histogram(const std::vector<float>& logits, const SamplingParam
   std::vector<int> counts(logits.size());
   for (int p = 0; p < n; ++p) ++counts[size_t(sample(logits, s, p))];
   return counts;
+}
+
+// The definition of sample() (sampler.h), written plainly: the softmax in
+// double, one sort by (p descending, id ascending), the filters, the draw.
+int32_t sample_by_definition(const std::vector<float>& logits, const SamplingParams& s, int64_t position) {
+  if (s.temperature == 0) return argmax(logits.data(), int64_t(logits.size()));
+  const double top = double(logits[size_t(argmax(logits.data(), int64_t(logits.size())))]);
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((double(logits[i]) - top) / s.temperature);
+  for (double& x : p) x /= sum;
+  std::vector<int32_t> order(p.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return p[size_t(a)] != p[size_t(b)] ? p[size_t(a)] > p[size_t(b)] : a < b;
+  });
+  size_t n = order.size();
+  if (s.top_k > 0) n = std::min(n, size_t(s.top_k));
+  double kept = 0, cum = 0;
+  for (size_t i = 0; i < n; ++i) kept += p[size_t(order[i])];
+  if (s.top_p < 1)
+    for (size_t i = 0; i < n; ++i)
+      if ((cum += p[size_t(order[i])]) >= double(s.top_p) * kept) {
+        n = i + 1;
+        break;
+      }
+  while (n > 1 && p[size_t(order[n - 1])] < double(s.min_p) * p[size_t(order[0])]) --n;
+  double mass = 0;
+  for (size_t i = 0; i < n; ++i) mass += p[size_t(order[i])];
+  const double u = counter_uniform(s.seed, position) * mass;
+  cum = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (u < (cum += p[size_t(order[i])])) return order[i];
+  return order[n - 1];
+}
+
+// The sampler orders ids its own faster way; the tokens are the
+// definition's: a vocabulary-sized row, rows full of equal logits (ties
+// broken by id), -inf logits, and low temperatures where thousands of
+// probabilities round to 0, under every filter.
+TEST(Sampler, EqualsItsDefinition) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<std::vector<float>> rows(4, std::vector<float>(129280));
+  for (float& v : rows[0]) v = nd(rng);
+  for (float& v : rows[1]) v = std::round(nd(rng) * 2.f) / 2.f;  // ~30 distinct values
+  for (size_t i = 0; i < rows[2].size(); ++i) rows[2][i] = i % 7 == 0 ? -INFINITY : nd(rng);
+  for (float& v : rows[3]) v = float(int(rng() % 3));
+  for (const std::vector<float>& row : rows)
+    for (float t : {0.002f, 0.3f, 2.5f})
+      for (int k : {0, 40})
+        for (float top_p : {1.f, 0.9f})
+          for (float min_p : {0.f, 0.05f}) {
+            SamplingParams s = warm(t, uint64_t(k) * 31 + 7);
+            s.top_k = k;
+            s.top_p = top_p;
+            s.min_p = min_p;
+            ASSERT_EQ(sample(row, s, 0), sample_by_definition(row, s, 0))
+                << "t " << t << " top_k " << k << " top_p " << top_p << " min_p " << min_p;
+          }
 }
 
 TEST(Sampler, TemperatureZeroIsArgmaxTiesToLowerId) {

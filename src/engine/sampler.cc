@@ -3,7 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -43,6 +43,55 @@ size_t kept_prefix(const std::vector<double>& p, const std::vector<int32_t>& ord
   return n;
 }
 
+// Ids by descending p, ties to the lower id: the order sample() draws in.
+// p is the logit through monotone roundings, so the ids are first sorted by
+// logit, descending (a stable radix sort of one 64-bit key each; equal
+// logits keep ascending ids), then every run of equal p (different logits
+// can round to one p: at a low temperature thousands of them to 0) by id.
+// A last insertion pass with the defining comparison moves whatever a
+// rounding of exp that is not monotone could have misplaced: usually
+// nothing, one comparison per id. The defining comparison is a strict
+// total order, so this is the permutation one std::sort by it gives, which
+// reads p at random: 15 ms of a 129,280-id sample on the session 19 Zen 4,
+// 4 ms with this (sampled once per stream and step by the server).
+std::vector<int32_t> by_probability(const std::vector<float>& logits, const std::vector<double>& p) {
+  const size_t n = logits.size();
+  std::vector<uint64_t> key(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &logits[i], 4);
+    const uint32_t up = b & 0x80000000u ? ~b : b | 0x80000000u;  // ascends with the float
+    key[i] = uint64_t(~up) << 32 | uint32_t(i);
+  }
+  // Stable radix sort on the logit half (the id half starts ascending).
+  std::vector<uint64_t> tmp(n);
+  for (int shift = 32; shift < 64; shift += 8) {
+    size_t count[257] = {};
+    for (uint64_t k : key) ++count[((k >> shift) & 0xff) + 1];
+    for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
+    for (uint64_t k : key) tmp[count[(k >> shift) & 0xff]++] = k;
+    key.swap(tmp);
+  }
+  std::vector<int32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = int32_t(uint32_t(key[i]));
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && p[size_t(order[j])] == p[size_t(order[i])]) ++j;
+    if (j - i > 1) std::sort(order.begin() + std::ptrdiff_t(i), order.begin() + std::ptrdiff_t(j));
+    i = j;
+  }
+  const auto before = [&](int32_t a, int32_t b) {
+    return p[size_t(a)] != p[size_t(b)] ? p[size_t(a)] > p[size_t(b)] : a < b;
+  };
+  for (size_t i = 1; i < n; ++i) {
+    const int32_t v = order[i];
+    size_t j = i;
+    for (; j > 0 && before(v, order[j - 1]); --j) order[j] = order[j - 1];
+    order[j] = v;
+  }
+  return order;
+}
+
 }  // namespace
 
 int32_t argmax(const float* v, int64_t n) {
@@ -74,11 +123,7 @@ int32_t sample(const std::vector<float>& logits, const SamplingParams& s, int64_
   double sum = 0;
   for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((double(logits[i]) - top) / t);
   for (double& x : p) x /= sum;
-  std::vector<int32_t> order(p.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return p[size_t(a)] != p[size_t(b)] ? p[size_t(a)] > p[size_t(b)] : a < b;
-  });
+  const std::vector<int32_t> order = by_probability(logits, p);
   const size_t n = kept_prefix(p, order, s);
   double mass = 0;
   for (size_t i = 0; i < n; ++i) mass += p[size_t(order[i])];
