@@ -13,6 +13,7 @@
 #include "core/scratch.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_micro.h"
 #include "kernels/gemv_avx512.h"
 
 namespace dsv4 {
@@ -21,16 +22,9 @@ namespace {
 
 std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
 
-// A bf16 value's biased exponent where vdpbf16ps takes it as it is (zero
-// or normal: 255 for zero, so that it bounds nothing), else -1.
-[[maybe_unused]] int dot_exponent(uint16_t h) {
-  const int e = (h >> 7) & 0xff;
-  if ((h & 0x7fff) == 0) return 255;
-  return e == 0 || e == 255 ? -1 : e;
-}
-
-// The smallest dot_exponent of n bf16 values (-1 where one is subnormal,
-// infinite or NaN), in one pass the compiler vectorises.
+// The smallest biased exponent of n bf16 values' non-zero ones (255 for
+// none), or -1 where one is subnormal, infinite or NaN (values vdpbf16ps
+// would not take as they are), in one pass the compiler vectorises.
 [[maybe_unused]] int min_dot_exponent(const uint8_t* values, int64_t n) {
   int lo = 255, bad = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -41,27 +35,6 @@ std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
     lo = std::min(lo, mag != 0 ? e : 255);
   }
   return bad ? -1 : lo;
-}
-
-// Input rows as pairs for gemv_pair_tile_avx512bf16 (rows of K / 2 dwords,
-// k in the high half): null where a value is not a bf16 value vdpbf16ps
-// takes as it is (low half set, subnormal, infinite, NaN); else
-// *min_exponent bounds the non-zero values' biased exponents.
-[[maybe_unused]] const uint32_t* input_pairs(const float* x, int64_t M, int64_t K, int64_t ldx, int* min_exponent) {
-  uint32_t* const out = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * K / 2));
-  int lo = 255;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < K / 2; ++j) {
-      uint32_t a, b;
-      std::memcpy(&a, x + m * ldx + 2 * j, 4);
-      std::memcpy(&b, x + m * ldx + 2 * j + 1, 4);
-      const int ea = dot_exponent(uint16_t(a >> 16)), eb = dot_exponent(uint16_t(b >> 16));
-      if ((a | b) & 0xffff || ea < 0 || eb < 0) return nullptr;
-      lo = std::min({lo, ea, eb});
-      out[m * (K / 2) + j] = (a & 0xffff0000u) | (b >> 16);
-    }
-  *min_exponent = lo;
-  return out;
 }
 
 // The input rows as pairs for the vdpbf16ps tiles (kernel_isa() is
@@ -78,8 +51,10 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   const bool pairs = panels && w.pair_min_exponent != Weight::kNoPairDot;
   if (kernel_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4)) return in;
-  in.xp = input_pairs(x, M, w.in, ldx, &in.min_exponent);
-  if (pairs && in.min_exponent + w.pair_min_exponent < kDotMinBiasedExponentSum) in.xp = nullptr;
+  // The gemm's packing of A rows: the same pairs, and the same check.
+  uint32_t* const xp = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * w.in / 2));
+  if (!gemm_pack_rows_bf16(x, ldx, M, w.in, xp, w.in / 2, &in.min_exponent)) return in;
+  if (!pairs || in.min_exponent + w.pair_min_exponent >= kDotMinBiasedExponentSum) in.xp = xp;
 #else
   (void)w, (void)panels, (void)x, (void)M, (void)ldx;
 #endif
