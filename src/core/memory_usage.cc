@@ -39,4 +39,12 @@ size_t mapped_rss_bytes(const std::string& suffix) {
   return kb * 1024;
 }
 
+size_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("MemAvailable:", 0) == 0) return size_t(std::strtoull(line.c_str() + 13, nullptr, 10)) * 1024;
+  return 0;
+}
+
 }  // namespace dsv4

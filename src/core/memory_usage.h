@@ -14,4 +14,9 @@ size_t peak_rss_bytes();
 // not available.
 size_t mapped_rss_bytes(const std::string& suffix);
 
+// The memory the kernel could give without swapping (MemAvailable in
+// /proc/meminfo: free memory and the page cache it can drop, which holds
+// the files it has read); 0 where /proc is not available.
+size_t available_memory_bytes();
+
 }  // namespace dsv4

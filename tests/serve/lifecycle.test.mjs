@@ -1,4 +1,5 @@
-// A stream's life in dsv4 serve (docs/SERVER.md): a client that goes away
+// A stream's life in dsv4 serve (docs/SERVER.md): the weights are paged in
+// before /health says 200; a client that goes away
 // mid-stream, or before a non-streamed answer is complete, cancels its
 // request and its cache pages come back; a stream
 // with nothing to send yet (waiting behind another request) gets SSE comment
@@ -47,6 +48,12 @@ async function metricsWhen(done, ms, what, every = 100) {
     await sleep(every);
   }
 }
+
+test('the mapped weights are read while loading, before the server says it is ready', () => {
+  const log = s.log(), read = /dsv4 serve: (\d+) MiB of weights read in [\d.]+ s\n/.exec(log);
+  assert.ok(read, `no "weights read" line; stderr:\n${log}`);
+  assert.ok(read.index < log.indexOf('dsv4 serve: model '), `read after ready; stderr:\n${log}`);
+});
 
 test('a client that disconnects mid-stream cancels its request and frees its pages', async () => {
   const before = await s.settled();
