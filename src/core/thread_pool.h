@@ -2,6 +2,7 @@
 // contiguous chunks; callers only ever let one index write one output, so the
 // split never changes a result (PREFILL.md §6).
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -43,10 +44,12 @@ class ThreadPool {
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t n_ = 0, chunk_ = 0, next_ = 0;
-  int active_ = 0;
-  uint64_t generation_ = 0;
+  // Written under mu_; atomic so that a thread can spin on them before it
+  // sleeps (worker_loop, parallel_for).
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> generation_{0};
   std::exception_ptr error_;  // the first exception of the current job
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
 };
 
 // Shorthand: parallel_for over the global pool with a per-index body.
