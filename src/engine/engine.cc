@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/memory_usage.h"
 #include "core/thread_pool.h"
 #include "dist/ep.h"
 #include "engine/prefill.h"
@@ -158,7 +159,8 @@ DecodeBytes Engine::decode_step_bytes(int64_t t) const {
   return dsv4::decode_step_bytes(config(), weight_formats(), t);
 }
 
-void Engine::page_in_weights() const {
+bool Engine::page_in_weights() const {
+  if (checkpoint_bytes() > available_memory_bytes()) return false;
   std::vector<const TensorView*> views;
   for (const auto& kv : impl_->model->checkpoint.tensors()) views.push_back(&kv.second);
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
@@ -172,6 +174,7 @@ void Engine::page_in_weights() const {
   uint8_t total = 0;
   for (uint8_t s : sums) total = uint8_t(total + s);
   g_page_in_sink = total;
+  return true;
 }
 
 size_t Engine::cache_bytes_for(int64_t positions) const {

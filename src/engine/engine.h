@@ -125,9 +125,11 @@ class Engine {
   const Tokenizer* tokenizer() const;  // null when the model directory has none
   int64_t position_limit() const;      // max_positions capped by max_position_embeddings
   size_t checkpoint_bytes() const;     // the mapped safetensors files
-  // Reads every page of the mapped weights once (benchmarks: the first
-  // request after loading would otherwise pay for faulting them in).
-  void page_in_weights() const;
+  // Reads every page of the mapped weights once (benchmarks, the server:
+  // the first request after loading would otherwise pay for faulting them
+  // in), where they all fit in the available memory; false, with nothing
+  // read, where they do not (they would evict each other).
+  bool page_in_weights() const;
   // The formats of the loaded matrices, and what one session's decode step
   // at position t reads with them (engine/decode_bytes.h).
   WeightFormats weight_formats() const;

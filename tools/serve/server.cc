@@ -18,7 +18,6 @@
 #include <httplib.h>
 
 #include "core/error.h"
-#include "core/memory_usage.h"
 #include "serve/chat_page.h"
 #include "serve/client_socket.h"
 #include "serve/metrics.h"
@@ -367,18 +366,14 @@ size_t pool_bytes(const ServeOptions& o, const Engine& engine) {
 // The mapped weights are read once before the server says it is ready: the
 // first request would otherwise fault them in page by page (on flash4, a
 // 16-token prompt answered 9.3 s after start-up and 2.5 s the next time).
-// Not where they would not all stay in memory: they would evict each other.
 void page_in_weights(const Engine& engine) {
-  const size_t bytes = engine.checkpoint_bytes(), available = available_memory_bytes();
-  if (bytes > available) {
-    std::fprintf(stderr, "dsv4 serve: %zu MiB of weights, %zu MiB of memory available: they are read on first use\n",
-                 bytes >> 20, available >> 20);
-    return;
-  }
   const auto t0 = std::chrono::steady_clock::now();
-  engine.page_in_weights();
-  std::fprintf(stderr, "dsv4 serve: %zu MiB of weights read in %.1f s\n", bytes >> 20,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (engine.page_in_weights())
+    std::fprintf(stderr, "dsv4 serve: %zu MiB of weights read in %.1f s\n", engine.checkpoint_bytes() >> 20,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  else
+    std::fprintf(stderr, "dsv4 serve: %zu MiB of weights, more than the memory available: they are read on first use\n",
+                 engine.checkpoint_bytes() >> 20);
 }
 
 // On its own thread while the server already answers (503 "loading").
