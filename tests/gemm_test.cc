@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "core/peak.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/gemv.h"
 #include "kernels/linear.h"
 
 namespace dsv4 {
@@ -260,8 +262,13 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
     for (int edge : {-1, 0, 1, 2, 252, 253, 255}) {
       for (uint8_t& c : scale) c = uint8_t(2 + rng() % 251);
       if (edge >= 0) scale[size_t(rng() % scale.size())] = uint8_t(edge);
+      // From the rows, and from the panels pack_fp4_panels makes of them.
+      Weight packed = w;
+      const std::shared_ptr<const uint8_t> panels = pack_fp4_panels(packed);
+      ASSERT_TRUE(panels);
+      for (const Weight* from : {&w, &packed})
       expect_pair_panels(
-          w,
+          *from,
           [&](int64_t o0) {
             for (int64_t o = o0; o < std::min(out, o0 + kGemmNR); ++o)
               for (int64_t b = 0; b < in / 32; ++b) {
@@ -270,7 +277,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
               }
             return true;
           },
-          "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge));
+          "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge) + (from == &w ? "" : " panels"));
     }
   }
   for (int block : {128, 16, 40}) {  // FP8: scale codes 10..246 and no NaN code; block 40 is not taken

@@ -164,6 +164,46 @@ TEST(Gemv, Bf16EqualsReferenceBitwise) {
   for (const Shape& s : kShapes) expect_gemv_matches(RandomWeight(Kind::kBF16, s.out, s.in, 128, 0, 0, false, 3), "bf16");
 }
 
+// FP4 scale codes drawn from [s_lo, s_hi], and whether vdpbf16ps takes
+// them (2-252 only) or the tile runs again on fp32 FMAs.
+struct Fp4ScaleCase {
+  int s_lo, s_hi;
+  bool on_pairs;
+};
+constexpr Fp4ScaleCase kFp4ScaleCases[] = {{100, 140, true}, {0, 1, false}, {253, 255, false}};
+
+// FP4 repacked as panels (the routed experts, kernels/gemv.h
+// pack_fp4_panels): the same bits on every path that reads them (gemv's
+// vdpbf16ps tiles, the gemm's pair decoder past 16 input rows) and on the
+// paths that read the rows instead (other kernel variants, a row range that
+// does not start a panel, scales that vdpbf16ps cannot take). With the rows
+// overwritten after packing, the panels alone still give the reference's
+// answer: they are what was read.
+TEST(Gemv, Fp4PanelsEqualReferenceBitwise) {
+  for (const Fp4ScaleCase c : kFp4ScaleCases)
+    for (const Shape& s : kShapes) {
+      if (s.in % 32 != 0) continue;
+      RandomWeight rw(Kind::kFP4, s.out, s.in, 128, c.s_lo, c.s_hi, false, 13);
+      const std::shared_ptr<const uint8_t> panels = pack_fp4_panels(rw.w);
+      if (!panels) GTEST_SKIP() << "no AVX512-BF16 kernels for this CPU";
+      const int64_t dot_tiles = gemv_dot_tile_count();
+      expect_gemv_matches(rw, "fp4 panels", true, true);
+      EXPECT_EQ(gemv_dot_tile_count() > dot_tiles, c.on_pairs) << "scale codes " << c.s_lo << "-" << c.s_hi;
+      if (!c.on_pairs) continue;
+      for (int64_t M : {1, 3, 8, 16, 24}) {
+        const std::vector<float> x = random_rows(M, s.in, uint32_t(M), true);
+        std::vector<float> ref(size_t(M * s.out)), y(size_t(M * s.out), -3.f);
+        gemv_reference(rw.w, x.data(), M, s.in, ref.data(), s.out, true, 0, s.out);
+        const std::vector<uint8_t> rows = rw.data;
+        std::fill(rw.data.begin(), rw.data.end(), uint8_t(0x77));
+        LinearOpts opts;
+        linear(rw.w, x.data(), M, y.data(), opts);
+        rw.data = rows;
+        EXPECT_TRUE(SameBits(y, ref)) << "from the panels alone, " << s.out << "x" << s.in << " M " << M;
+      }
+    }
+}
+
 // A BF16 weight with pair panels (the head, for decode): the same bits from
 // the panels on fp32 FMAs and, where the CPU has AVX512-BF16 and no value
 // could be flushed, on vdpbf16ps; a row range that does not start a panel
@@ -193,11 +233,7 @@ TEST(Gemv, Bf16PairPanelsEqualReferenceBitwise) {
 TEST(Gemv, Fp4OnPairsEqualsReferenceBitwise) {
   const std::vector<Isa> isas = supported_isas();
   const bool dot = std::find(isas.begin(), isas.end(), Isa::kAvx512Bf16) != isas.end();
-  struct Case {
-    int s_lo, s_hi;
-    bool on_pairs;
-  };
-  for (const Case c : {Case{100, 140, true}, Case{0, 1, false}, Case{253, 255, false}})
+  for (const Fp4ScaleCase c : kFp4ScaleCases)
     for (const Shape& s : kShapes) {
       if (s.in % 32 != 0) continue;
       const RandomWeight rw(Kind::kFP4, s.out, s.in, 128, c.s_lo, c.s_hi, false, 11);

@@ -1,8 +1,11 @@
 #include "core/memory_usage.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 
@@ -45,6 +48,12 @@ size_t available_memory_bytes() {
   while (std::getline(f, line))
     if (line.rfind("MemAvailable:", 0) == 0) return size_t(std::strtoull(line.c_str() + 13, nullptr, 10)) * 1024;
   return 0;
+}
+
+void release_mapped_pages(const void* p, size_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE)), begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page,
+                  end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (p && end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 }  // namespace dsv4

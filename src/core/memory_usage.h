@@ -19,4 +19,9 @@ size_t mapped_rss_bytes(const std::string& suffix);
 // the files it has read); 0 where /proc is not available.
 size_t available_memory_bytes();
 
+// Unmaps the whole pages inside [p, p + bytes) of a read-only file mapping
+// from this process (madvise MADV_DONTNEED): they stay in the page cache,
+// which may drop them, and a later read maps them in again.
+void release_mapped_pages(const void* p, size_t bytes);
+
 }  // namespace dsv4

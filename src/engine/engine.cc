@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <unordered_set>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -159,10 +160,22 @@ DecodeBytes Engine::decode_step_bytes(int64_t t) const {
   return dsv4::decode_step_bytes(config(), weight_formats(), t);
 }
 
-bool Engine::page_in_weights() const {
-  if (checkpoint_bytes() > available_memory_bytes()) return false;
+std::optional<size_t> Engine::page_in_weights() const {
+  // Not the rows of experts repacked as FP4 panels: the panels are resident
+  // already, and the rows are read only by fallbacks.
+  std::unordered_set<const uint8_t*> repacked;
+  for (const LayerWeights& l : impl_->model->weights.layers)
+    for (const ExpertWeights& x : l.ffn.experts)
+      for (const Weight* w : {&x.w1, &x.w2, &x.w3})
+        if (w->fp4_panels) repacked.insert({w->data, w->scale});
   std::vector<const TensorView*> views;
-  for (const auto& kv : impl_->model->checkpoint.tensors()) views.push_back(&kv.second);
+  size_t bytes = 0;
+  for (const auto& kv : impl_->model->checkpoint.tensors())
+    if (!repacked.count(kv.second.data)) {
+      views.push_back(&kv.second);
+      bytes += kv.second.nbytes;
+    }
+  if (bytes > available_memory_bytes()) return std::nullopt;
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   std::vector<uint8_t> sums(views.size());
   parallel_for_each(int64_t(views.size()), [&](int64_t i) {
@@ -174,7 +187,7 @@ bool Engine::page_in_weights() const {
   uint8_t total = 0;
   for (uint8_t s : sums) total = uint8_t(total + s);
   g_page_in_sink = total;
-  return true;
+  return bytes;
 }
 
 size_t Engine::cache_bytes_for(int64_t positions) const {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,11 +126,12 @@ class Engine {
   const Tokenizer* tokenizer() const;  // null when the model directory has none
   int64_t position_limit() const;      // max_positions capped by max_position_embeddings
   size_t checkpoint_bytes() const;     // the mapped safetensors files
-  // Reads every page of the mapped weights once (benchmarks, the server:
-  // the first request after loading would otherwise pay for faulting them
-  // in), where they all fit in the available memory; false, with nothing
-  // read, where they do not (they would evict each other).
-  bool page_in_weights() const;
+  // Reads every page of the mapped weights the kernels read once
+  // (benchmarks, the server: the first request after loading would
+  // otherwise pay for faulting them in), where they all fit in the
+  // available memory, and says how many bytes that was; nothing, with
+  // nothing read, where they do not fit (they would evict each other).
+  std::optional<size_t> page_in_weights() const;
   // The formats of the loaded matrices, and what one session's decode step
   // at position t reads with them (engine/decode_bytes.h).
   WeightFormats weight_formats() const;

@@ -61,6 +61,12 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
   return in;
 }
 
+// Whether FP4 tiles from row o0 read w's panels (Weight::fp4_panels): only
+// the vdpbf16ps tiles read them, and a tile must start a panel.
+bool reads_fp4_panels(const Weight& w, int64_t o0, int64_t stride) {
+  return w.fp4_panels != nullptr && stride == 1 && o0 % 16 == 0 && kernel_isa() == Isa::kAvx512Bf16;
+}
+
 // Rows b + j, b + j + stride, ... (n of them) for input rows [m0, m0 + mr):
 // on vdpbf16ps where `in` allows it (an FP4 tile that finds a scale it
 // cannot take runs again on fp32 FMAs), else gemv_tile_avx512's answer.
@@ -73,8 +79,11 @@ bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, i
     gemv_pair_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, b, n, ys + m0 * ldy, ldy);
     return true;
   }
-  if (in.xp && gemv_fp4_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, in.min_exponent, b + j, stride,
-                                        (n - j + stride - 1) / stride, ys + j + m0 * ldy, ldy)) {
+  if (in.xp && w.kind == Weight::Kind::kFP4 &&
+      (reads_fp4_panels(w, b, stride)
+           ? gemv_fp4_panel_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, in.min_exponent, b, n, ys + m0 * ldy, ldy)
+           : gemv_fp4_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, in.min_exponent, b + j, stride,
+                                      (n - j + stride - 1) / stride, ys + j + m0 * ldy, ldy))) {
     g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
@@ -92,17 +101,22 @@ bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
   return w.pair_panels != nullptr && stride == 1 && o0 % 16 == 0;
 }
 
+std::shared_ptr<uint8_t> huge_page_block(size_t bytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  uint8_t* const p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+  if (!p) throw std::bad_alloc();
+  advise_huge_pages(p, bytes);
+  return std::shared_ptr<uint8_t>(p, [](uint8_t* q) { std::free(q); });
+}
+
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
   if (w.kind != Weight::Kind::kBF16 || w.in % 8 != 0 || w.out <= 0 || supported_isas().back() < Isa::kAvx512)
     return nullptr;
-  constexpr size_t kHuge = size_t(2) << 20;
   const int64_t panels = (w.out + 15) / 16, kp = w.in / 2;
-  const size_t bytes = size_t(panels * kp * 16) * 4;
-  uint32_t* const p = static_cast<uint32_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
-  if (!p) throw std::bad_alloc();
-  advise_huge_pages(p, bytes);
-  std::shared_ptr<const uint32_t> owner(p, [](const uint32_t* q) { std::free(const_cast<uint32_t*>(q)); });
+  const std::shared_ptr<uint8_t> block = huge_page_block(size_t(panels * kp * 16) * 4);
+  uint32_t* const p = reinterpret_cast<uint32_t*>(block.get());
+  const std::shared_ptr<const uint32_t> owner(block, p);
   std::vector<int> lo(size_t(panels), 255);
   const int64_t row_bytes = w.row_bytes();
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
@@ -129,6 +143,41 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
   (void)w;
   return nullptr;
 #endif
+}
+
+size_t fp4_panel_bytes(const Weight& w) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  if (w.kind != Weight::Kind::kFP4 || w.in % 32 != 0 || w.out <= 0 || kernel_isa() != Isa::kAvx512Bf16) return 0;
+  const int64_t panels = (w.out + 15) / 16;
+  return size_t(panels * (w.in / 8) * 16 * 4 + panels * (w.in / 32) * 16 + 63) / 64 * 64;
+#else
+  (void)w;
+  return 0;
+#endif
+}
+
+void pack_fp4_panels(Weight& w, void* dst) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  const int64_t panels = (w.out + 15) / 16, steps = w.in / 8, blocks = w.in / 32;
+  uint32_t* const p = static_cast<uint32_t*>(dst);
+  uint8_t* const scales = reinterpret_cast<uint8_t*>(p + panels * steps * 16);
+  ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t q = p0; q < p1; ++q)
+      pack_fp4_panel_avx512bf16(w, q, p + q * steps * 16, scales + q * blocks * 16);
+  });
+  w.fp4_panels = p;
+  w.fp4_panel_scales = scales;
+#else
+  (void)w, (void)dst;
+#endif
+}
+
+std::shared_ptr<const uint8_t> pack_fp4_panels(Weight& w) {
+  const size_t bytes = fp4_panel_bytes(w);
+  if (bytes == 0) return nullptr;
+  std::shared_ptr<uint8_t> block = huge_page_block(bytes);
+  pack_fp4_panels(w, block.get());
+  return block;
 }
 
 bool gemv_available(const Weight& w, int64_t M) {
@@ -165,7 +214,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // on vdpbf16ps where that gives the same bits: the input rows are exact
   // bf16 values and no product or sum can be subnormal (gemm.h).
   ThreadPool& pool = ThreadPool::global();
-  const bool panels = gemv_reads_pair_panels(w, row_begin, 1);
+  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || reads_fp4_panels(w, row_begin, 1);
   const DotInput in = dot_input(w, panels, x, M, ldx);
   const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
   const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,

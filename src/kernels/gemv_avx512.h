@@ -59,4 +59,15 @@ void gemv_pair_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, i
 bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                               int64_t o0, int64_t stride, int64_t n, float* y, int64_t ldy);
 
+// The same on w's FP4 panels (Weight::fp4_panels): rows o0 .. o0 + n - 1,
+// o0 a multiple of 16, n ≤ kGemvTileRows; false, with y unwritten, under the
+// same conditions.
+bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
+                                    int64_t o0, int64_t n, float* y, int64_t ldy);
+
+// Writes panel `panel` of w's FP4 panels (Weight::fp4_panels): its
+// in / 8 steps of 16 dwords to data, its in / 32 scale steps of 16 codes to
+// scales (kernels/gemv.h pack_fp4_panels).
+void pack_fp4_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales);
+
 }  // namespace dsv4

@@ -24,6 +24,18 @@ struct Weight {
   const uint32_t* pair_panels = nullptr;
   int pair_min_exponent = kNoPairDot;
   static constexpr int kNoPairDot = -1000;
+  // Optional, FP4 only: the codes and scales repacked once as 16-row
+  // panels by pack_fp4_panels (kernels/gemv.h), which gemv's vdpbf16ps
+  // tiles and the gemm's pair decoder read as one stream per 16 rows, with
+  // no transposing and one shift per pair vector. fp4_panels:
+  // [ceil(out/16)][in/8][16] dwords, lane i of panel p and step q holding
+  // the codes of k in [8q, 8q + 8) of row 16p + i: the odd k's in the low
+  // half (k = 8q + 1 in bits 0-3, 8q + 3 in bits 4-7, ...), the even k's
+  // in the high half (8q in bits 16-19, ...). fp4_panel_scales:
+  // [ceil(out/16)][in/32][16] e8m0 codes. Rows past `out` have zero codes
+  // and the scales of the panel's first row.
+  const uint32_t* fp4_panels = nullptr;
+  const uint8_t* fp4_panel_scales = nullptr;
 
   // Bytes of one stored row (without its scales).
   int64_t row_bytes() const;

@@ -187,19 +187,23 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
 
 namespace {
 
+// bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
+// word index, and bit 4 is whatever bit follows the code.
+inline __m512i fp4_pair_table() {
+  return _mm512_set_epi16(short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80),
+                          short(0xbf00), short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000,
+                          short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80),
+                          short(0xbf00), short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00,
+                          0x0000);
+}
+
 // The FP4 pair decoder's loop; kFull: all 16 rows are kept (no masking).
 // Needs AVX512-BW (vpermw, word masks) and AVX512-VBMI (vpmultishiftqb),
 // which cpu_has(Isa::kAvx512Bf16) checks.
 template <bool kFull>
 __attribute__((target("avx512bw,avx512vbmi"))) void fp4_pairs_loop(const Rows16& r, int64_t in, uint32_t* pairs,
                                                                     ScaleRange& range) {
-  // bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
-  // word index, and bit 4 is whatever bit follows the code.
-  const __m512i table = _mm512_set_epi16(
-      short(0xc0c0), short(0xc080), short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00),
-      short(0x8000), 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000, short(0xc0c0), short(0xc080),
-      short(0xc040), short(0xc000), short(0xbfc0), short(0xbf80), short(0xbf00), short(0x8000), 0x40c0, 0x4080,
-      0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0x0000);
+  const __m512i table = fp4_pair_table();
   // Byte b of a lane holds codes 2b (low nibble) and 2b + 1 (high nibble)
   // of the lane's 8; the pair wants code 2b's index in its high word and
   // code 2b + 1's in its low word. vpmultishiftqb copies, into each byte,
@@ -232,16 +236,47 @@ __attribute__((target("avx512bw,avx512vbmi"))) void fp4_pairs_loop(const Rows16&
   }
 }
 
+// The same pairs from panel `panel` of w's FP4 panels (Weight::fp4_panels),
+// all of whose rows are kept (rows past `out` are zero codes): a step is one
+// load, and word shifts by 0, 4, 8, 12 bring pair b's codes to the bottom
+// of their words.
+__attribute__((target("avx512bw"))) void fp4_pairs_from_panel(const Weight& w, int64_t panel, uint32_t* pairs,
+                                                               ScaleRange& range) {
+  const __m512i table = fp4_pair_table();
+  const int64_t steps = w.in / 8, blocks = w.in / 32;
+  const uint32_t* const data = w.fp4_panels + panel * steps * kGemmNR;
+  const uint8_t* const scale = w.fp4_panel_scales + panel * blocks * kGemmNR;
+  for (int64_t c = 0; c < blocks; ++c) {
+    const __m512i s = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(scale + c * kGemmNR)));
+    range.add(s, __mmask16(0xffff));
+    const __m512i addend = exponent_addend(s);
+#pragma GCC unroll 4
+    for (int64_t t = 4 * c; t < 4 * c + 4; ++t) {
+      const __m512i codes = _mm512_load_si512(data + t * kGemmNR);
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) {
+        const __m512i index = b == 0 ? codes : _mm512_srli_epi16(codes, unsigned(4 * b));
+        _mm512_storeu_si512(pairs + (4 * t + b) * kGemmNR,
+                            scale_words(_mm512_permutexvar_epi16(index, table), addend));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool panel_fp4_pairs_avx512(const Weight& w, int64_t o0, int64_t o_end, uint32_t* pairs, int* min_exponent) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
-  const Rows16 r(w, o0, o_end, w.row_bytes(), w.in / 32);
   ScaleRange range;
-  if (r.keep == 0xffff)
-    fp4_pairs_loop<true>(r, w.in, pairs, range);
-  else
-    fp4_pairs_loop<false>(r, w.in, pairs, range);
+  if (w.fp4_panels && o0 % 16 == 0 && std::min(o0 + 16, w.out) <= o_end) {
+    fp4_pairs_from_panel(w, o0 / 16, pairs, range);
+  } else {
+    const Rows16 r(w, o0, o_end, w.row_bytes(), w.in / 32);
+    if (r.keep == 0xffff)
+      fp4_pairs_loop<true>(r, w.in, pairs, range);
+    else
+      fp4_pairs_loop<false>(r, w.in, pairs, range);
+  }
   // Codes 2-252 keep every value normal and finite: 0.5 · 2^(2-127) =
   // 2^-126, 6 · 2^(252-127) < 2^128. The smallest non-zero magnitude, 0.5,
   // gives the smallest exponent: s - 1 biased.

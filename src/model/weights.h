@@ -56,6 +56,9 @@ struct MoeWeights {
   std::vector<float> gate_bias; // [E] (non-hash layers)
   std::vector<int32_t> tid2eid; // [vocab][k] (hash layers)
   std::vector<ExpertWeights> experts;  // routed; empty entries for experts not held
+  // One block that holds the routed experts' FP4 panels (kernels/gemv.h
+  // pack_fp4_panels), where the kernels read them; null otherwise.
+  std::shared_ptr<const uint8_t> expert_panels;
   ExpertWeights shared;
 };
 

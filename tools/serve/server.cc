@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -368,8 +369,8 @@ size_t pool_bytes(const ServeOptions& o, const Engine& engine) {
 // 16-token prompt answered 9.3 s after start-up and 2.5 s the next time).
 void page_in_weights(const Engine& engine) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (engine.page_in_weights())
-    std::fprintf(stderr, "dsv4 serve: %zu MiB of weights read in %.1f s\n", engine.checkpoint_bytes() >> 20,
+  if (const std::optional<size_t> bytes = engine.page_in_weights())
+    std::fprintf(stderr, "dsv4 serve: %zu MiB of weights read in %.1f s\n", *bytes >> 20,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   else
     std::fprintf(stderr, "dsv4 serve: %zu MiB of weights, more than the memory available: they are read on first use\n",
