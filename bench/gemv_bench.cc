@@ -32,7 +32,7 @@ using Kind = Weight::Kind;
 // The matrices lie one after another in one block on 2 MB pages, as the
 // engine's mapped weights do once the page cache holds them in 2 MB folios.
 struct Matrices {
-  std::unique_ptr<uint8_t, decltype(&std::free)> block{nullptr, &std::free};
+  std::shared_ptr<uint8_t> block;
   std::vector<Weight> w;
   std::vector<std::shared_ptr<const void>> packed;  // BF16 pair panels, FP4 panels: as the engine packs them
   size_t bytes_each = 0;
@@ -56,10 +56,8 @@ Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi,
   }
   Matrices m;
   m.bytes_each = data_bytes + scale_bytes;
-  const size_t stride = (m.bytes_each + 63) / 64 * 64, huge = size_t(2) << 20,
-               total = (stride * size_t(count) + huge - 1) / huge * huge;
-  m.block.reset(static_cast<uint8_t*>(std::aligned_alloc(huge, total)));
-  advise_huge_pages(m.block.get(), total);
+  const size_t stride = (m.bytes_each + 63) / 64 * 64;
+  m.block = huge_page_block(stride * size_t(count));
   for (int c = 0; c < count; ++c) {
     uint8_t* d = m.block.get() + stride * size_t(c);
     uint8_t* s = d + data_bytes;

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 
 #ifdef __linux__
@@ -21,6 +22,14 @@ void advise_huge_pages(void* p, size_t bytes) {
 #else
   (void)p, (void)bytes;
 #endif
+}
+
+std::shared_ptr<uint8_t> huge_page_block(size_t bytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  uint8_t* const p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+  if (!p) throw std::bad_alloc();
+  advise_huge_pages(p, bytes);
+  return std::shared_ptr<uint8_t>(p, [](uint8_t* q) { std::free(q); });
 }
 
 namespace detail {

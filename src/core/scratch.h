@@ -28,6 +28,8 @@
 //    every element it reads.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -53,6 +55,10 @@ enum class Buf {
 // Fresh memory faulted in 4 KB at a time costs milliseconds per MB (~3.5 ms
 // on the project VM); 2 MB pages take 512 times fewer faults.
 void advise_huge_pages(void* p, size_t bytes);
+
+// A block of `bytes`, 2 MB aligned and advised into huge pages, that frees
+// itself: for the large copies made once at load (packed weights).
+std::shared_ptr<uint8_t> huge_page_block(size_t bytes);
 
 namespace detail {
 struct WorkspaceBuffer {

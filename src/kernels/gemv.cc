@@ -101,14 +101,6 @@ bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
   return w.pair_panels != nullptr && stride == 1 && o0 % 16 == 0;
 }
 
-std::shared_ptr<uint8_t> huge_page_block(size_t bytes) {
-  constexpr size_t kHuge = size_t(2) << 20;
-  uint8_t* const p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
-  if (!p) throw std::bad_alloc();
-  advise_huge_pages(p, bytes);
-  return std::shared_ptr<uint8_t>(p, [](uint8_t* q) { std::free(q); });
-}
-
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
   if (w.kind != Weight::Kind::kBF16 || w.in % 8 != 0 || w.out <= 0 || supported_isas().back() < Isa::kAvx512)

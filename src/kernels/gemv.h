@@ -64,9 +64,6 @@ size_t fp4_panel_bytes(const Weight& w);
 void pack_fp4_panels(Weight& w, void* dst);
 std::shared_ptr<const uint8_t> pack_fp4_panels(Weight& w);
 
-// A block of `bytes` on 2 MB pages (2 MB aligned) that frees itself.
-std::shared_ptr<uint8_t> huge_page_block(size_t bytes);
-
 // Tiles gemv has computed since the process started, and those of them
 // that ran on vdpbf16ps (pair panels, FP4): lets tests see that a path ran.
 int64_t gemv_tile_count();

@@ -11,6 +11,7 @@
 #include "kernels/gemv_avx512.h"
 
 #include <algorithm>
+
 #include "kernels/gemm.h"
 #include "kernels/gemv_tile_parts.h"
 

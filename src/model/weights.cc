@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/memory_usage.h"
+#include "core/scratch.h"
 #include "kernels/gemv.h"
 
 namespace dsv4 {
