@@ -34,13 +34,13 @@ using Kind = Weight::Kind;
 struct Matrices {
   std::shared_ptr<uint8_t> block;
   std::vector<Weight> w;
-  std::vector<std::shared_ptr<const void>> packed;  // BF16 pair panels, FP4 panels: as the engine packs them
+  std::vector<std::shared_ptr<const void>> packed;  // BF16 pair panels, FP4 and FP8 panels: as the engine packs them
   size_t bytes_each = 0;
 };
 
 // `count` random matrices out × in of `kind`, scale codes in [s_lo, s_hi];
-// FP4 repacked as panels where `fp4_panels` (and the CPU's kernels read them).
-Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi, bool fp4_panels) {
+// FP4 and FP8 repacked as panels where `panels` (and the CPU's kernels read them).
+Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi, bool panels) {
   std::mt19937 rng(7);
   size_t data_bytes = 0, scale_bytes = 0;
   switch (kind) {
@@ -78,19 +78,19 @@ Matrices make(Kind kind, int64_t out, int64_t in, int count, int s_lo, int s_hi,
     w.data = d;
     w.scale = scale_bytes ? s : nullptr;
     if (kind == Kind::kBF16) m.packed.push_back(pack_pair_panels(w));
-    if (kind == Kind::kFP4 && fp4_panels) m.packed.push_back(pack_fp4_panels(w));
+    if (panels) m.packed.push_back(pack_quant_panels(w));
     m.w.push_back(w);
   }
   return m;
 }
 
 // args: input rows, streamed (0: one matrix in cache), threads (0: all).
-void run(benchmark::State& state, Kind kind, int64_t out, int64_t in, int s_lo, int s_hi, bool fp4_panels = false) {
+void run(benchmark::State& state, Kind kind, int64_t out, int64_t in, int s_lo, int s_hi, bool panels = false) {
   const int64_t M = state.range(0);
   const bool streamed = state.range(1) != 0;
   ThreadPool::set_threads(int(state.range(2)));
   const size_t each = make(kind, out, in, 1, s_lo, s_hi, false).bytes_each;
-  const Matrices m = make(kind, out, in, streamed ? int((size_t(512) << 20) / each) : 1, s_lo, s_hi, fp4_panels);
+  const Matrices m = make(kind, out, in, streamed ? int((size_t(512) << 20) / each) : 1, s_lo, s_hi, panels);
   if (!gemv_available(m.w[0], M)) {
     state.SkipWithError("gemv is not available here (no AVX-512)");
     return;
@@ -135,6 +135,7 @@ BENCHMARK_CAPTURE(run, fp4_expert_w2, Kind::kFP4, 4096, 2048, 115, 124)->Apply(r
 BENCHMARK_CAPTURE(run, fp4_expert_w2_panels, Kind::kFP4, 4096, 2048, 115, 124, true)->Apply(rows_and_placement);
 // An attention projection (FP8, 128 × 128 blocks).
 BENCHMARK_CAPTURE(run, fp8_projection, Kind::kFP8, 4096, 4096, 115, 124)->Apply(rows_and_placement);
+BENCHMARK_CAPTURE(run, fp8_projection_panels, Kind::kFP8, 4096, 4096, 115, 124, true)->Apply(rows_and_placement);
 // A slice of the bf16 head.
 BENCHMARK_CAPTURE(run, bf16_head_slice, Kind::kBF16, 8192, 4096, 0, 0)->Apply(rows_and_placement);
 

@@ -262,9 +262,9 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
     for (int edge : {-1, 0, 1, 2, 252, 253, 255}) {
       for (uint8_t& c : scale) c = uint8_t(2 + rng() % 251);
       if (edge >= 0) scale[size_t(rng() % scale.size())] = uint8_t(edge);
-      // From the rows, and from the panels pack_fp4_panels makes of them.
+      // From the rows, and from the panels pack_quant_panels makes of them.
       Weight packed = w;
-      const std::shared_ptr<const uint8_t> panels = pack_fp4_panels(packed);
+      const std::shared_ptr<const uint8_t> panels = pack_quant_panels(packed);
       ASSERT_TRUE(panels);
       for (const Weight* from : {&w, &packed})
       expect_pair_panels(
@@ -300,8 +300,14 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
         data[size_t(rng() % data.size())] = uint8_t(edge);
       else if (edge >= 0)
         scale[size_t(rng() % scale.size())] = uint8_t(edge);
+      // From the rows, and from the panels where the packer makes them (a
+      // block that is a multiple of 16, no NaN code).
+      Weight packed = w;
+      const std::shared_ptr<const uint8_t> panels = pack_quant_panels(packed);
+      EXPECT_EQ(bool(panels), block % 16 == 0 && edge != 0x7f && edge != 0xff);
+      for (const Weight* from : {&w, &packed})
       expect_pair_panels(
-          w,
+          *from,
           [&](int64_t o0) {
             if (block % 16 != 0) return false;
             for (int64_t o = o0; o < std::min(out, o0 + kGemmNR); ++o)
@@ -311,7 +317,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
               }
             return true;
           },
-          "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge));
+          "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge) + (from == &w ? "" : " panels"));
     }
   }
   set_kernel_isa(best);

@@ -172,23 +172,40 @@ struct Fp4ScaleCase {
 };
 constexpr Fp4ScaleCase kFp4ScaleCases[] = {{100, 140, true}, {0, 1, false}, {253, 255, false}};
 
-// FP4 repacked as panels (the routed experts, kernels/gemv.h
-// pack_fp4_panels): the same bits on every path that reads them (gemv's
-// vdpbf16ps tiles, the gemm's pair decoder past 16 input rows) and on the
-// paths that read the rows instead (other kernel variants, a row range that
-// does not start a panel, scales that vdpbf16ps cannot take). With the rows
-// overwritten after packing, the panels alone still give the reference's
-// answer: they are what was read.
-TEST(Gemv, Fp4PanelsEqualReferenceBitwise) {
-  for (const Fp4ScaleCase c : kFp4ScaleCases)
+// Scale codes drawn from [s_lo, s_hi] for FP4 and FP8 panels: whether
+// vdpbf16ps takes them (FP4 2-252, FP8 10-246) and whether gemv takes them
+// at all (the fp32 FMA tiles: FP8 up to 134), else linear() goes to gemm.
+struct PanelCase {
+  Kind kind;
+  int block, s_lo, s_hi;
+  bool on_pairs, decodable;
+};
+constexpr PanelCase kPanelCases[] = {
+    {Kind::kFP4, 128, 100, 140, true, true}, {Kind::kFP4, 128, 0, 1, false, true},
+    {Kind::kFP4, 128, 253, 255, false, true}, {Kind::kFP8, 128, 110, 134, true, true},
+    {Kind::kFP8, 16, 110, 134, true, true},  {Kind::kFP8, 48, 110, 134, true, true},
+    {Kind::kFP8, 128, 0, 9, false, true},    {Kind::kFP8, 128, 247, 255, false, false}};
+
+// FP4 and FP8 repacked as panels (kernels/gemv.h pack_quant_panels): the
+// same bits on every path that reads them (gemv's vdpbf16ps tiles, the
+// gemm's pair decoder past gemv's input rows) and on the paths that read
+// the rows instead (other kernel variants, a row range that does not start
+// a panel, scales that vdpbf16ps cannot take). With the rows overwritten
+// after packing, the panels alone still give the reference's answer: they
+// are what was read. (FP8 codes are uniform: 1 in 16 is subnormal.)
+TEST(Gemv, QuantPanelsEqualReferenceBitwise) {
+  for (const PanelCase c : kPanelCases)
     for (const Shape& s : kShapes) {
-      if (s.in % 32 != 0) continue;
-      RandomWeight rw(Kind::kFP4, s.out, s.in, 128, c.s_lo, c.s_hi, false, 13);
-      const std::shared_ptr<const uint8_t> panels = pack_fp4_panels(rw.w);
+      if (s.in % (c.kind == Kind::kFP4 ? 32 : 16) != 0) continue;
+      RandomWeight rw(c.kind, s.out, s.in, c.block, c.s_lo, c.s_hi, false, 13);
+      const std::shared_ptr<const uint8_t> panels = pack_quant_panels(rw.w);
       if (!panels) GTEST_SKIP() << "no AVX512-BF16 kernels for this CPU";
+      const std::string what = std::string(c.kind == Kind::kFP4 ? "fp4" : "fp8") + " panels, block " +
+                               std::to_string(c.block) + ", scale codes " + std::to_string(c.s_lo) + "-" +
+                               std::to_string(c.s_hi);
       const int64_t dot_tiles = gemv_dot_tile_count();
-      expect_gemv_matches(rw, "fp4 panels", true, true);
-      EXPECT_EQ(gemv_dot_tile_count() > dot_tiles, c.on_pairs) << "scale codes " << c.s_lo << "-" << c.s_hi;
+      expect_gemv_matches(rw, what.c_str(), c.decodable, true);
+      EXPECT_EQ(gemv_dot_tile_count() > dot_tiles, c.on_pairs) << what;
       if (!c.on_pairs) continue;
       for (int64_t M : {1, 3, 8, 16, 24}) {
         const std::vector<float> x = random_rows(M, s.in, uint32_t(M), true);
@@ -199,9 +216,24 @@ TEST(Gemv, Fp4PanelsEqualReferenceBitwise) {
         LinearOpts opts;
         linear(rw.w, x.data(), M, y.data(), opts);
         rw.data = rows;
-        EXPECT_TRUE(SameBits(y, ref)) << "from the panels alone, " << s.out << "x" << s.in << " M " << M;
+        EXPECT_TRUE(SameBits(y, ref)) << "from the panels alone, " << what << ", " << s.out << "x" << s.in << " M "
+                                      << M;
       }
     }
+}
+
+// What the FP8 panels cannot hold, the packer leaves to the rows: a NaN
+// code (no panels, the weight untouched), a block that is not a multiple of
+// 16 (a panel's rows would span two scale rows).
+TEST(Gemv, Fp8PanelsLeaveNanAndRaggedBlocksToTheRows) {
+  RandomWeight nan(Kind::kFP8, 40, 256, 128, 110, 130, false, 4);
+  nan.data[300] = 0xff;
+  if (quant_panel_bytes(nan.w) == 0) GTEST_SKIP() << "no AVX512-BF16 kernels for this CPU";
+  EXPECT_FALSE(pack_quant_panels(nan.w));
+  EXPECT_EQ(nan.w.fp8_panels, nullptr);
+  RandomWeight ragged(Kind::kFP8, 40, 256, 40, 110, 130, false, 4);
+  EXPECT_EQ(quant_panel_bytes(ragged.w), 0u);
+  EXPECT_FALSE(pack_quant_panels(ragged.w));
 }
 
 // A BF16 weight with pair panels (the head, for decode): the same bits from

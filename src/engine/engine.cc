@@ -161,13 +161,15 @@ DecodeBytes Engine::decode_step_bytes(int64_t t) const {
 }
 
 std::optional<size_t> Engine::page_in_weights() const {
-  // Not the rows of experts repacked as FP4 panels: the panels are resident
-  // already, and the rows are read only by fallbacks.
+  // Not the rows of matrices repacked as FP4 or FP8 panels (nor the FP4
+  // ones' scales): the panels are resident already, and the rows are read
+  // only by fallbacks.
   std::unordered_set<const uint8_t*> repacked;
-  for (const LayerWeights& l : impl_->model->weights.layers)
-    for (const ExpertWeights& x : l.ffn.experts)
-      for (const Weight* w : {&x.w1, &x.w2, &x.w3})
-        if (w->fp4_panels) repacked.insert({w->data, w->scale});
+  auto skip = [&](const Weight& w) {
+    if (w.fp4_panels) repacked.insert({w.data, w.scale});
+    if (w.fp8_panels) repacked.insert(w.data);
+  };
+  for (const LayerWeights& l : impl_->model->weights.layers) for_each_quant_matrix(l, skip);
   std::vector<const TensorView*> views;
   size_t bytes = 0;
   for (const auto& kv : impl_->model->checkpoint.tensors())

@@ -39,10 +39,16 @@ std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
 
 // The input rows as pairs for the vdpbf16ps tiles (kernel_isa() is
 // Isa::kAvx512Bf16, every value an exact bf16 value): over pair panels
-// where no product or sum can be subnormal (gemm.h), and for FP4 weights,
-// whose tiles check their scales against min_exponent. xp null otherwise.
+// where no product or sum can be subnormal (gemm.h), and for FP4 weights
+// and FP8 panels, whose tiles check their scales against min_exponent. xp
+// null otherwise.
 struct DotInput {
   const uint32_t* xp = nullptr;
+  // Rows are ld dwords apart: w.in / 2 plus one 64-byte line. Rows a
+  // multiple of 4 KB apart share L1 sets, and 16 of them (16 streams
+  // decoding together) evicted one another at every step (FP8 panels, 16
+  // rows: ~2 GB/s on one Zen 4 thread, against ~4.5 expected from 8 rows).
+  int64_t ld = 0;
   int min_exponent = 0;
 };
 
@@ -50,10 +56,11 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
   DotInput in;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   const bool pairs = panels && w.pair_min_exponent != Weight::kNoPairDot;
-  if (kernel_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4)) return in;
+  if (kernel_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4 && !w.fp8_panels)) return in;
   // The gemm's packing of A rows: the same pairs, and the same check.
-  uint32_t* const xp = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * w.in / 2));
-  if (!gemm_pack_rows_bf16(x, ldx, M, w.in, xp, w.in / 2, &in.min_exponent)) return in;
+  in.ld = w.in / 2 + 16;
+  uint32_t* const xp = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * in.ld));
+  if (!gemm_pack_rows_bf16(x, ldx, M, w.in, xp, in.ld, &in.min_exponent)) return in;
   if (!pairs || in.min_exponent + w.pair_min_exponent >= kDotMinBiasedExponentSum) in.xp = xp;
 #else
   (void)w, (void)panels, (void)x, (void)M, (void)ldx;
@@ -61,35 +68,54 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
   return in;
 }
 
-// Whether FP4 tiles from row o0 read w's panels (Weight::fp4_panels): only
-// the vdpbf16ps tiles read them, and a tile must start a panel.
-bool reads_fp4_panels(const Weight& w, int64_t o0, int64_t stride) {
-  return w.fp4_panels != nullptr && stride == 1 && o0 % 16 == 0 && kernel_isa() == Isa::kAvx512Bf16;
+// Whether FP4 or FP8 tiles from row o0 read w's panels (Weight::fp4_panels,
+// Weight::fp8_panels): only the vdpbf16ps tiles read them, and a tile must
+// start a panel.
+bool reads_quant_panels(const Weight& w, int64_t o0, int64_t stride) {
+  return (w.fp4_panels != nullptr || w.fp8_panels != nullptr) && stride == 1 && o0 % 16 == 0 &&
+         kernel_isa() == Isa::kAvx512Bf16;
 }
 
-// Rows b + j, b + j + stride, ... (n of them) for input rows [m0, m0 + mr):
-// on vdpbf16ps where `in` allows it (an FP4 tile that finds a scale it
-// cannot take runs again on fp32 FMAs), else gemv_tile_avx512's answer.
-bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, int64_t mr, int64_t ldx, int64_t b,
-              int64_t j, int64_t stride, int64_t n, float* ys, int64_t ldy) {
+// Rows b + j, b + j + stride, ... (n of them) for input rows [m0, m0 + mr)
+// on vdpbf16ps, where `in` allows it; false where an FP4 or FP8 tile finds
+// a scale it cannot take.
+bool dot_tile(const Weight& w, const DotInput& in, int64_t m0, int64_t mr, int64_t b, int64_t j, int64_t stride,
+              int64_t n, float* ys, int64_t ldy) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  const int64_t kp = w.in / 2;
-  if (in.xp && w.kind == Weight::Kind::kBF16) {
-    g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
-    gemv_pair_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, b, n, ys + m0 * ldy, ldy);
-    return true;
-  }
-  if (in.xp && w.kind == Weight::Kind::kFP4 &&
-      (reads_fp4_panels(w, b, stride)
-           ? gemv_fp4_panel_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, in.min_exponent, b, n, ys + m0 * ldy, ldy)
-           : gemv_fp4_tile_avx512bf16(w, in.xp + m0 * kp, mr, kp, in.min_exponent, b + j, stride,
-                                      (n - j + stride - 1) / stride, ys + j + m0 * ldy, ldy))) {
-    g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
-    return true;
+  if (!in.xp) return false;
+  const int64_t kp = in.ld;
+  const uint32_t* const xp = in.xp + m0 * kp;
+  float* const y = ys + m0 * ldy;
+  const bool panels = reads_quant_panels(w, b, stride);
+  switch (w.kind) {
+    case Weight::Kind::kBF16: gemv_pair_tile_avx512bf16(w, xp, mr, kp, b, n, y, ldy); return true;
+    case Weight::Kind::kFP4:
+      return panels ? gemv_fp4_panel_tile_avx512bf16(w, xp, mr, kp, in.min_exponent, b, n, y, ldy)
+                    : gemv_fp4_tile_avx512bf16(w, xp, mr, kp, in.min_exponent, b + j, stride,
+                                               (n - j + stride - 1) / stride, y + j, ldy);
+    case Weight::Kind::kFP8:
+      return panels && gemv_fp8_panel_tile_avx512bf16(w, xp, mr, kp, in.min_exponent, b, n, y, ldy);
+    case Weight::Kind::kF32: return false;
   }
 #endif
-  return gemv_tile_avx512(w, x + m0 * ldx, mr, ldx, b + j, stride, (n - j + stride - 1) / stride, ys + j + m0 * ldy,
-                          ldy);
+  (void)w, (void)in, (void)m0, (void)mr, (void)b, (void)j, (void)stride, (void)n, (void)ys, (void)ldy;
+  return false;
+}
+
+// The same rows on vdpbf16ps where dot_tile takes them, else on fp32 FMAs
+// (gemv_tile_avx512, kGemvTileInputRows input rows at a time); false where
+// those cannot decode a value either.
+bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, int64_t mr, int64_t ldx, int64_t b,
+              int64_t j, int64_t stride, int64_t n, float* ys, int64_t ldy) {
+  if (dot_tile(w, in, m0, mr, b, j, stride, n, ys, ldy)) {
+    g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  for (int64_t m = m0; m < m0 + mr; m += kGemvTileInputRows)
+    if (!gemv_tile_avx512(w, x + m * ldx, std::min(kGemvTileInputRows, m0 + mr - m), ldx, b + j, stride,
+                          (n - j + stride - 1) / stride, ys + j + m * ldy, ldy))
+      return false;
+  return true;
 }
 
 }  // namespace
@@ -137,21 +163,33 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
 #endif
 }
 
-size_t fp4_panel_bytes(const Weight& w) {
+size_t quant_panel_bytes(const Weight& w) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  if (w.kind != Weight::Kind::kFP4 || w.in % 32 != 0 || w.out <= 0 || kernel_isa() != Isa::kAvx512Bf16) return 0;
+  if (w.out <= 0 || kernel_isa() != Isa::kAvx512Bf16) return 0;
   const int64_t panels = (w.out + 15) / 16;
-  return size_t(panels * (w.in / 8) * 16 * 4 + panels * (w.in / 32) * 16 + 63) / 64 * 64;
+  if (w.kind == Weight::Kind::kFP4 && w.in % 32 == 0)
+    return size_t(panels * (w.in / 8) * 16 * 4 + panels * (w.in / 32) * 16 + 63) / 64 * 64;
+  if (w.kind == Weight::Kind::kFP8 && w.in % 16 == 0 && w.block % 16 == 0) return size_t(panels * w.in * 16);
 #else
   (void)w;
-  return 0;
 #endif
+  return 0;
 }
 
-void pack_fp4_panels(Weight& w, void* dst) {
+bool pack_quant_panels(Weight& w, void* dst) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  const int64_t panels = (w.out + 15) / 16, steps = w.in / 8, blocks = w.in / 32;
+  const int64_t panels = (w.out + 15) / 16;
   uint32_t* const p = static_cast<uint32_t*>(dst);
+  if (w.kind == Weight::Kind::kFP8) {
+    std::atomic<bool> ok{true};
+    ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+      for (int64_t q = p0; q < p1; ++q)
+        if (!pack_fp8_panel_avx512bf16(w, q, p + q * w.in * 4)) ok.store(false, std::memory_order_relaxed);
+    });
+    if (ok.load()) w.fp8_panels = p;
+    return ok.load();
+  }
+  const int64_t steps = w.in / 8, blocks = w.in / 32;
   uint8_t* const scales = reinterpret_cast<uint8_t*>(p + panels * steps * 16);
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
     for (int64_t q = p0; q < p1; ++q)
@@ -159,17 +197,18 @@ void pack_fp4_panels(Weight& w, void* dst) {
   });
   w.fp4_panels = p;
   w.fp4_panel_scales = scales;
+  return true;
 #else
   (void)w, (void)dst;
+  return false;
 #endif
 }
 
-std::shared_ptr<const uint8_t> pack_fp4_panels(Weight& w) {
-  const size_t bytes = fp4_panel_bytes(w);
+std::shared_ptr<const uint8_t> pack_quant_panels(Weight& w) {
+  const size_t bytes = quant_panel_bytes(w);
   if (bytes == 0) return nullptr;
   std::shared_ptr<uint8_t> block = huge_page_block(bytes);
-  pack_fp4_panels(w, block.get());
-  return block;
+  return pack_quant_panels(w, block.get()) ? block : nullptr;
 }
 
 bool gemv_available(const Weight& w, int64_t M) {
@@ -177,11 +216,13 @@ bool gemv_available(const Weight& w, int64_t M) {
   if (M < 1 || M > kGemvMaxRows || kernel_isa() < Isa::kAvx512) return false;
   switch (w.kind) {
     // 16 codes of a row per step, in one block. Under Isa::kAvx512Bf16 the
-    // gemm multiplies FP8 panels decoded once into bf16 pairs on vdpbf16ps;
+    // gemm multiplies FP8 rows decoded once into bf16 pairs on vdpbf16ps;
     // past one pass of a tile it beat gemv's second pass (16 decode
     // streams on Zen 4: attention projections 118-125 -> 75-82 ms a step).
+    // FP8 panels take up to 16 rows in one pass (kGemvPanelInputRows).
     case Weight::Kind::kFP8:
-      return w.in % 16 == 0 && w.block % 16 == 0 && (M <= kGemvTileInputRows || kernel_isa() != Isa::kAvx512Bf16);
+      return w.in % 16 == 0 && w.block % 16 == 0 &&
+             (M <= kGemvTileInputRows || kernel_isa() != Isa::kAvx512Bf16 || w.fp8_panels);
     case Weight::Kind::kFP4: return w.in % 32 == 0;
     case Weight::Kind::kBF16: return w.in % 8 == 0;
     case Weight::Kind::kF32: return false;
@@ -206,7 +247,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // on vdpbf16ps where that gives the same bits: the input rows are exact
   // bf16 values and no product or sum can be subnormal (gemm.h).
   ThreadPool& pool = ThreadPool::global();
-  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || reads_fp4_panels(w, row_begin, 1);
+  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || reads_quant_panels(w, row_begin, 1);
   const DotInput in = dot_input(w, panels, x, M, ldx);
   const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
   const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,
@@ -214,7 +255,9 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
                                 : std::clamp<int64_t>(std::min<int64_t>(4096 / std::max<int64_t>(1, w.row_bytes()),
                                                                         tiles / pool.size()),
                                                       1, 8),
-                span = stride * tile_rows, spans = (rows + span - 1) / span;
+                span = stride * tile_rows, spans = (rows + span - 1) / span,
+                pass_rows = in.xp && w.kind != Weight::Kind::kBF16 && panels ? kGemvPanelInputRows
+                                                                              : kGemvTileInputRows;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};
@@ -224,10 +267,11 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
       float* ys = y + (b - row_begin);
       for (int64_t j = 0; j < stride && j < n; ++j) {
         g_tiles.fetch_add(1, std::memory_order_relaxed);
-        // Input rows 8 at a time (the tile kernels' most): the tile's weight
-        // rows are then read again from L2, not from memory.
-        for (int64_t m0 = 0; m0 < M; m0 += kGemvTileInputRows)
-          if (!run_tile(w, in, x, m0, std::min(kGemvTileInputRows, M - m0), ldx, b, j, stride, n, ys, ldy)) {
+        // Input rows 8 at a time (the tile kernels' most; 16 for FP4 and
+        // FP8 panels on vdpbf16ps): the tile's weight rows are then read
+        // again from L2, not from memory.
+        for (int64_t m0 = 0; m0 < M; m0 += pass_rows)
+          if (!run_tile(w, in, x, m0, std::min(pass_rows, M - m0), ldx, b, j, stride, n, ys, ldy)) {
             ok.store(false, std::memory_order_relaxed);
             return;
           }

@@ -51,21 +51,23 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
 // BF16 tile's instructions.
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w);
 
-// An FP4 weight's codes and scales repacked as 16-row panels
-// (Weight::fp4_panels), for the routed experts: the row layout's
-// transposes and nibble picking held decode's FP4 GEMV at about half the
-// read bandwidth. fp4_panel_bytes: their size, a multiple of 64, or 0
-// where nothing would read them (not FP4, in not a multiple of 32,
-// kernel_isa() not Isa::kAvx512Bf16). pack_fp4_panels writes them on the
-// pool's threads to dst (64-byte aligned, that size) and points w at them;
-// the second form first allocates them (on 2 MB pages) and returns their
-// owner, or null with w untouched where the size is 0.
-size_t fp4_panel_bytes(const Weight& w);
-void pack_fp4_panels(Weight& w, void* dst);
-std::shared_ptr<const uint8_t> pack_fp4_panels(Weight& w);
+// An FP4 or FP8 weight's codes (FP4: and scales) repacked as 16-row panels
+// (Weight::fp4_panels, Weight::fp8_panels) for the vdpbf16ps tiles: the
+// row layout's transposes and nibble picking held decode's FP4 GEMV at
+// about half the read bandwidth, its FP8 one on fp32 FMAs at about a third.
+// quant_panel_bytes: their size, a multiple of 64, or 0 where nothing would
+// read them (not FP4 or FP8, in not a multiple of 32 (FP4) or 16 (FP8, and
+// its block), kernel_isa() not Isa::kAvx512Bf16). pack_quant_panels writes
+// them on the pool's threads to dst (64-byte aligned, that size) and points
+// w at them; false, with w untouched, where an FP8 code is NaN. The second
+// form first allocates them (on 2 MB pages) and returns their owner, or
+// null with w untouched.
+size_t quant_panel_bytes(const Weight& w);
+bool pack_quant_panels(Weight& w, void* dst);
+std::shared_ptr<const uint8_t> pack_quant_panels(Weight& w);
 
 // Tiles gemv has computed since the process started, and those of them
-// that ran on vdpbf16ps (pair panels, FP4): lets tests see that a path ran.
+// that ran on vdpbf16ps (pair panels, FP4, FP8 panels): lets tests see that a path ran.
 int64_t gemv_tile_count();
 int64_t gemv_dot_tile_count();
 

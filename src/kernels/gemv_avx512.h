@@ -27,6 +27,11 @@ constexpr int64_t kGemvBf16NarrowInputRows = 4;
 // decoding together take 2 passes, not 4.
 constexpr int64_t kGemvTileInputRows = 8;
 
+// Input rows an FP4 or FP8 panel tile on vdpbf16ps takes at once: past
+// kGemvTileInputRows, one panel (16 weight rows) at a time with 16
+// accumulators, so 16 streams decoding together decode each weight once,
+// not twice.
+constexpr int64_t kGemvPanelInputRows = 16;
 // Whether a tile of rows o0, o0 + stride, ... reads w's pair panels: where
 // it has them, and the tile takes consecutive rows from a panel's start.
 // (Defined in gemv.cc: an inline copy compiled with -mavx512f could be the
@@ -60,8 +65,8 @@ bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, in
                               int64_t o0, int64_t stride, int64_t n, float* y, int64_t ldy);
 
 // The same on w's FP4 panels (Weight::fp4_panels): rows o0 .. o0 + n - 1,
-// o0 a multiple of 16, n ≤ kGemvTileRows; false, with y unwritten, under the
-// same conditions.
+// o0 a multiple of 16, n ≤ kGemvTileRows, M ≤ kGemvPanelInputRows; false,
+// with y partly written, under the same conditions.
 bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy);
 
@@ -70,4 +75,18 @@ bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t
 // scales (kernels/gemv.h pack_fp4_panels).
 void pack_fp4_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales);
 
+// The same on w's FP8 panels (Weight::fp8_panels): rows o0 .. o0 + n - 1,
+// o0 a multiple of 16, n ≤ kGemvTileRows, M ≤ kGemvPanelInputRows; false,
+// with y partly written, where a product could be flushed (a scale code
+// outside 10-246, or too small for the inputs): the caller then computes
+// the tile with gemv_tile_avx512.
+bool gemv_fp8_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
+                                    int64_t o0, int64_t n, float* y, int64_t ldy);
+// Writes panel `panel` of w's FP8 panels (Weight::fp8_panels): its in / 4
+// steps of 16 dwords to data. False where a code is NaN.
+bool pack_fp8_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data);
+// Weight::dequant_panel_pairs from panel `panel` of w's FP8 panels: the
+// same pairs, decoded as gemv_fp8_panel_tile decodes them; false where a
+// scale code is outside 10-246.
+bool fp8_panel_pairs_avx512bf16(const Weight& w, int64_t panel, uint32_t* pairs, int* min_exponent);
 }  // namespace dsv4

@@ -220,7 +220,7 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
           const __m512i index = p == 0 ? codes[g] : _mm512_srli_epi16(codes[g], unsigned(4 * p));
           pair[g] = (__m512bh)_mm512_subs_epu16(_mm512_permutexvar_epi16(index, dec.table), sub[g]);
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
           const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + 4 * step + p]));
 #pragma GCC unroll 2
@@ -242,6 +242,129 @@ bool fp4_panel_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t
     if (M < MR) return fp4_panel_tile_rows<G, MR - 1>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
   }
   return fp4_panel_tile<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
+}
+
+// ---- FP8 panels (Weight::fp8_panels) ------------------------------------------
+// A step of a panel is one aligned 64-byte load, lane i the codes of 4 k of
+// row i: byte 0 k + 1, byte 1 k + 3, byte 2 k, byte 3 k + 2. The pair of k
+// and k + 1 has its codes at the bottom of the two words, the pair of k + 2
+// and k + 3 one byte up (a word shift by 8). Each word looks its code's
+// magnitude up in a 128-entry table of e4m3 values times 2^119 (two
+// 64-entry vpermi2w, chosen by bit 6; bits past 5 of an index are ignored),
+// which puts every non-zero one at a biased exponent of 237-254, subnormal
+// codes included. An unsigned saturating subtract of (246 - s) << 7 then
+// applies the block scale 2^(s - 127): exact and normal for s in 10-246,
+// and zero stays zero. Last the sign, bit 7 of the code. The 16 rows of a
+// panel lie in one scale block (the block is a multiple of 16), so a
+// block's subtrahend is one broadcast.
+struct E4m3Bf16Table {
+  alignas(64) uint16_t bits[128];
+  constexpr E4m3Bf16Table() : bits() {
+    for (int c = 0; c < 127; ++c) {  // 127: NaN, which the packer refuses
+      const int e = c >> 3, m = c & 7;
+      if (e > 0) {
+        bits[c] = uint16_t(((e + 239) << 7) | (m << 4));  // (1 + m/8) · 2^(e - 7) · 2^119
+      } else if (m > 0) {  // m · 2^-9 · 2^119, m = 2^p + rest
+        int p = 2;
+        while (!(m >> p)) --p;
+        bits[c] = uint16_t(((p + 237) << 7) | (((m - (1 << p)) << (7 - p)) & 0x7f));
+      }
+    }
+  }
+};
+constexpr E4m3Bf16Table kE4m3Times2To119;
+constexpr int kFp8PanelMinScale = 10, kFp8PanelMaxScale = 246;
+
+struct Fp8PairDecoder {
+  __m512i t0, t1, t2, t3;
+  Fp8PairDecoder()
+      : t0(_mm512_load_si512(kE4m3Times2To119.bits)),
+        t1(_mm512_load_si512(kE4m3Times2To119.bits + 32)),
+        t2(_mm512_load_si512(kE4m3Times2To119.bits + 64)),
+        t3(_mm512_load_si512(kE4m3Times2To119.bits + 96)) {}
+  static __m512i subtrahend(int s) { return _mm512_set1_epi16(short((kFp8PanelMaxScale - s) << 7)); }
+  // The scaled magnitude of the code in bits 0-6 of each word (bits 7-15
+  // ignored).
+  __m512i magnitude(__m512i index, __m512i sub) const {
+    const __mmask32 high = _mm512_test_epi16_mask(index, _mm512_set1_epi16(0x40));
+    const __m512i v = _mm512_mask_blend_epi16(high, _mm512_permutex2var_epi16(t0, index, t1),
+                                              _mm512_permutex2var_epi16(t2, index, t3));
+    return _mm512_subs_epu16(v, sub);
+  }
+  // A step's two pair vectors: k and k + 1, then k + 2 and k + 3.
+  void pairs(__m512i codes, __m512i sub, __m512bh& first, __m512bh& second) const {
+    const __m512i sign = _mm512_set1_epi16(short(0x8000)), up = _mm512_srli_epi16(codes, 8);
+    // x | (y & sign): the sign of the first pair's codes is bit 7 of each word.
+    first = (__m512bh)_mm512_ternarylogic_epi32(magnitude(codes, sub), _mm512_slli_epi16(codes, 8), sign, 0xf8);
+    second = (__m512bh)_mm512_ternarylogic_epi32(magnitude(up, sub), codes, sign, 0xf8);
+  }
+};
+
+// Steps asked for into L1 ahead of the one decoded: 512 bytes of a panel,
+// as kPanelAhead blocks of an FP4 panel.
+constexpr int64_t kFp8StepsAhead = 8;
+
+template <int G, int MR>
+bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
+                    float* y, int64_t ldy) {
+  const Fp8PairDecoder dec;
+  const int64_t steps = w.in / 4, B = w.block, scols = (w.in + B - 1) / B;
+  const uint32_t* data[G];
+  const uint8_t* scale[G];
+  __mmask16 keep[G];
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g) {
+    const int64_t row = o0 + g * kLanes, left = n - g * kLanes;
+    data[g] = w.fp8_panels + (row / kLanes) * steps * kLanes;
+    scale[g] = w.scale + (row / B) * scols;
+    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+  }
+  Sums<G, MR> acc;
+  int lowest = 255, highest = 0;
+  for (int64_t c = 0; c < scols; ++c) {
+    __m512i sub[G];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) {
+      const int s = scale[g][c];
+      lowest = std::min(lowest, s);
+      highest = std::max(highest, s);
+      sub[g] = Fp8PairDecoder::subtrahend(s);
+    }
+    const int64_t end = std::min(steps, (c + 1) * B / 4);
+    for (int64_t step = c * B / 4; step < end; ++step) {
+      __m512bh first[G], second[G];
+#pragma GCC unroll 2
+      for (int g = 0; g < G; ++g) {
+        if (step + kFp8StepsAhead < steps)
+          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (step + kFp8StepsAhead) * kLanes), _MM_HINT_T0);
+        dec.pairs(_mm512_load_si512(data[g] + step * kLanes), sub[g], first[g], second[g]);
+      }
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + 2 * step])),
+                       b = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + 2 * step + 1]));
+#pragma GCC unroll 2
+        for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], a, first[g]);
+#pragma GCC unroll 2
+        for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], b, second[g]);
+      }
+    }
+  }
+  // The smallest non-zero weight is 2^-9 · 2^(s - 127): biased exponent s - 9.
+  if (lowest < kFp8PanelMinScale || highest > kFp8PanelMaxScale ||
+      x_min_exponent + lowest - 9 < kDotMinBiasedExponentSum)
+    return false;
+  acc.store(keep, y, ldy, 1);
+  return true;
+}
+
+template <int G, int MR>
+bool fp8_panel_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
+                         int64_t n, float* y, int64_t ldy) {
+  if constexpr (MR > 1) {
+    if (M < MR) return fp8_panel_tile_rows<G, MR - 1>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  }
+  return fp8_panel_tile<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
 }
 
 // Nibbles at bits 0, 8, 16, 24 of each dword to bits 0-15.
@@ -276,8 +399,74 @@ void pack_fp4_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data, u
   }
 }
 
+bool pack_fp8_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data) {
+  const int64_t rows = std::min<int64_t>(16, w.out - 16 * panel);
+  // Codes k, k + 1, k + 2, k + 3 of a dword to the order of a step (vpshufb
+  // indexes bytes within each 128-bit lane).
+  const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi32(0x02000301, 0x06040705, 0x0a080b09, 0x0e0c0f0d)),
+                low7 = _mm512_set1_epi32(0x7f7f7f7f),
+                one = _mm512_set1_epi32(0x01010101);
+  __m512i nan = _mm512_setzero_si512();  // a code's low 7 bits plus 1 reach bit 7 only for NaN
+  for (int64_t k = 0; k < w.in; k += 64) {
+    const int dwords = int(std::min<int64_t>(64, w.in - k) / 4);
+    __m512i r[kLanes];
+#pragma GCC unroll 16
+    for (int i = 0; i < kLanes; ++i) {
+      r[i] = i < rows ? _mm512_maskz_loadu_epi32(__mmask16((1u << dwords) - 1), w.data + (16 * panel + i) * w.in + k)
+                      : _mm512_setzero_si512();
+      nan = _mm512_or_si512(nan, _mm512_add_epi32(_mm512_and_si512(r[i], low7), one));
+    }
+    transpose16(r);  // r[d]: codes k + 4d .. k + 4d + 3 of every row
+    for (int d = 0; d < dwords; ++d)
+      _mm512_store_si512(data + (k / 4 + d) * kLanes, _mm512_shuffle_epi8(r[d], order));
+  }
+  return _mm512_test_epi32_mask(nan, _mm512_set1_epi32(int32_t(0x80808080u))) == 0;
+}
+
+bool fp8_panel_pairs_avx512bf16(const Weight& w, int64_t panel, uint32_t* pairs, int* min_exponent) {
+  const Fp8PairDecoder dec;
+  const int64_t steps = w.in / 4, B = w.block, scols = (w.in + B - 1) / B;
+  const uint32_t* const data = w.fp8_panels + panel * steps * kLanes;
+  const uint8_t* const scale = w.scale + (16 * panel / B) * scols;
+  int lowest = 255, highest = 0;
+  for (int64_t c = 0; c < scols; ++c) {
+    const int s = scale[c];
+    lowest = std::min(lowest, s);
+    highest = std::max(highest, s);
+    const __m512i sub = Fp8PairDecoder::subtrahend(s);
+    for (int64_t step = c * B / 4; step < std::min(steps, (c + 1) * B / 4); ++step) {
+      __m512bh first, second;
+      dec.pairs(_mm512_load_si512(data + step * kLanes), sub, first, second);
+      _mm512_storeu_si512(pairs + (2 * step) * kLanes, (__m512i)first);
+      _mm512_storeu_si512(pairs + (2 * step + 1) * kLanes, (__m512i)second);
+    }
+  }
+  *min_exponent = lowest - 9;
+  return lowest >= kFp8PanelMinScale && highest <= kFp8PanelMaxScale;
+}
+
+bool gemv_fp8_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
+                                    int64_t o0, int64_t n, float* y, int64_t ldy) {
+  if (M > kGemvTileInputRows) {  // a panel at a time, every input row at once
+    for (int64_t h = 0; h < n; h += kLanes)
+      if (!fp8_panel_tile_rows<1, kGemvPanelInputRows>(w, xp, M, ldxp, x_min_exponent, o0 + h,
+                                                          std::min<int64_t>(kLanes, n - h), y + h, ldy))
+        return false;
+    return true;
+  }
+  if (n > kLanes) return fp8_panel_tile_rows<2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  return fp8_panel_tile_rows<1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+}
+
 bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy) {
+  if (M > kGemvTileInputRows) {  // a panel at a time, every input row at once
+    for (int64_t h = 0; h < n; h += kLanes)
+      if (!fp4_panel_tile_rows<1, kGemvPanelInputRows>(w, xp, M, ldxp, x_min_exponent, o0 + h,
+                                                          std::min<int64_t>(kLanes, n - h), y + h, ldy))
+        return false;
+    return true;
+  }
   if (n > kLanes) return fp4_panel_tile_rows<2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
   return fp4_panel_tile_rows<1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
 }

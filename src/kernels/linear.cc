@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_avx512.h"
 #include "kernels/linear_avx512.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -284,7 +285,13 @@ bool Weight::dequant_panel_pairs(int64_t o0, int64_t o_end, uint32_t* pairs, int
 #ifdef DSV4_HAVE_AVX512_KERNELS
   if (kernel_isa() == Isa::kAvx512Bf16) {
     if (kind == Kind::kFP4) return panel_fp4_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
-    if (kind == Kind::kFP8) return panel_fp8_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+    if (kind == Kind::kFP8) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+      if (fp8_panels && o0 % 16 == 0 && std::min(o0 + 16, out) <= o_end)
+        return fp8_panel_pairs_avx512bf16(*this, o0 / 16, pairs, min_exponent);
+#endif
+      return panel_fp8_pairs_avx512(*this, o0, o_end, pairs, min_exponent);
+    }
   }
 #endif
   (void)o0, (void)o_end, (void)pairs, (void)min_exponent;

@@ -25,7 +25,7 @@ struct Weight {
   int pair_min_exponent = kNoPairDot;
   static constexpr int kNoPairDot = -1000;
   // Optional, FP4 only: the codes and scales repacked once as 16-row
-  // panels by pack_fp4_panels (kernels/gemv.h), which gemv's vdpbf16ps
+  // panels by pack_quant_panels (kernels/gemv.h), which gemv's vdpbf16ps
   // tiles and the gemm's pair decoder read as one stream per 16 rows, with
   // no transposing and one shift per pair vector. fp4_panels:
   // [ceil(out/16)][in/8][16] dwords, lane i of panel p and step q holding
@@ -36,6 +36,14 @@ struct Weight {
   // and the scales of the panel's first row.
   const uint32_t* fp4_panels = nullptr;
   const uint8_t* fp4_panel_scales = nullptr;
+  // Optional, FP8 only: the codes repacked once as 16-row panels by
+  // pack_quant_panels, read the same way: [ceil(out/16)][in/4][16] dwords,
+  // lane i of panel p and step q holding the codes of k = 4q .. 4q + 3 of
+  // row 16p + i in the byte order 4q + 1, 4q + 3, 4q, 4q + 2 (each word
+  // then holds one pair's code at the bottom and the next pair's above it).
+  // Rows past `out` have zero codes. The scales stay those of `scale`: a
+  // panel's 16 rows lie in one scale block.
+  const uint32_t* fp8_panels = nullptr;
 
   // Bytes of one stored row (without its scales).
   int64_t row_bytes() const;

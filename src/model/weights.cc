@@ -82,32 +82,36 @@ CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, co
   return w;
 }
 
-// The routed experts' matrices repacked as FP4 panels, where the kernels
-// read them (decode's GEMV at 1-2 rows ran 1.6-1.9x faster than on the
-// rows, Zen 4, session 21), in one block on 2 MB pages. The rows' pages are
+// A layer's FP8 and FP4 matrices repacked as panels (kernels/gemv.h
+// pack_quant_panels), where the kernels read them (decode's GEMV at 1-2
+// rows ran 1.6-1.9x faster on FP4 panels than on the rows, Zen 4, session
+// 21; on FP8 ones ~2x), in one block on 2 MB pages. The rows' pages are
 // then let go: nothing reads them but fallbacks (scales vdpbf16ps cannot
 // take, other kernel variants), which map them in again; kept resident, a
-// model the size of the memory would hold its experts twice. A layer whose
-// panels would not fit in the memory available now keeps its rows: a model
-// larger than the memory is read from the mapped file as it is used.
-std::shared_ptr<const uint8_t> repack_experts(std::vector<ExpertWeights>& experts) {
+// model the size of the memory would hold them twice. A layer whose panels
+// would not fit in the memory available now keeps its rows: a model larger
+// than the memory is read from the mapped file as it is used. An FP8 matrix
+// with a NaN code keeps its rows too (its slice of the block goes unused).
+std::shared_ptr<const uint8_t> repack_quant_panels(LayerWeights& l) {
   std::vector<Weight*> ws;
   size_t bytes = 0;
-  for (ExpertWeights& x : experts)
-    for (Weight* w : {&x.w1, &x.w2, &x.w3})
-      if (const size_t b = fp4_panel_bytes(*w)) {
-        ws.push_back(w);
-        bytes += b;
-      }
+  auto add = [&](Weight& w) {
+    if (const size_t b = quant_panel_bytes(w)) {
+      ws.push_back(&w);
+      bytes += b;
+    }
+  };
+  for_each_quant_matrix(l, add);
   if (ws.empty() || bytes >= available_memory_bytes()) return nullptr;
   const std::shared_ptr<uint8_t> block = huge_page_block(bytes);
   uint8_t* at = block.get();
   for (Weight* w : ws) {
-    const size_t b = fp4_panel_bytes(*w);
-    pack_fp4_panels(*w, at);
+    const size_t b = quant_panel_bytes(*w);
+    if (pack_quant_panels(*w, at)) {
+      release_mapped_pages(w->data, size_t(w->out * w->row_bytes()));
+      if (w->kind == Weight::Kind::kFP4) release_mapped_pages(w->scale, size_t(w->out * (w->in / 32)));
+    }
     at += b;
-    release_mapped_pages(w->data, size_t(w->out * w->row_bytes()));
-    release_mapped_pages(w->scale, size_t(w->out * (w->in / 32)));
   }
   return block;
 }
@@ -174,7 +178,6 @@ MoeWeights load_moe(const Checkpoint& ck, const std::string& fp, const ModelConf
   f.experts.resize(static_cast<size_t>(E));
   for (int64_t e = e0; e < e1; ++e)
     f.experts[size_t(e)] = load_expert(ck, fp + "experts." + std::to_string(e), c, Weight::Kind::kFP4);
-  f.expert_panels = repack_experts(f.experts);
   f.shared = load_expert(ck, fp + "shared_experts", c, FP8);
   return f;
 }
@@ -206,6 +209,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
     lw.ffn_norm = load_vector(ck, p + "ffn_norm.weight", {D}, {DType::kBF16, DType::kF32});
     lw.attn = load_attention(ck, p + "attn.", c, lw.kind);
     lw.ffn = load_moe(ck, p + "ffn.", c, L, e0, e1);
+    lw.quant_panels = repack_quant_panels(lw);
     m.layers.push_back(std::move(lw));
   }
   return m;

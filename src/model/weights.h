@@ -56,9 +56,6 @@ struct MoeWeights {
   std::vector<float> gate_bias; // [E] (non-hash layers)
   std::vector<int32_t> tid2eid; // [vocab][k] (hash layers)
   std::vector<ExpertWeights> experts;  // routed; empty entries for experts not held
-  // One block that holds the routed experts' FP4 panels (kernels/gemv.h
-  // pack_fp4_panels), where the kernels read them; null otherwise.
-  std::shared_ptr<const uint8_t> expert_panels;
   ExpertWeights shared;
 };
 
@@ -68,6 +65,9 @@ struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
   AttentionWeights attn;
   MoeWeights ffn;
+  // One block that holds the layer's FP8 and FP4 panels (kernels/gemv.h
+  // pack_quant_panels), where the kernels read them; null otherwise.
+  std::shared_ptr<const uint8_t> quant_panels;
 };
 
 struct ModelWeights {
@@ -81,6 +81,18 @@ struct ModelWeights {
   HcHeadWeights hc_head;
   std::vector<LayerWeights> layers;
 };
+
+// Calls f on each of a layer's quantised matrices (LayerWeights or const
+// LayerWeights): the FP8 attention, indexer and shared-expert projections
+// and the FP4 routed experts (empty entries too: out = 0, data null).
+template <class Layer, class F>
+void for_each_quant_matrix(Layer& l, F&& f) {
+  for (auto* w : {&l.attn.wq_a, &l.attn.wq_b, &l.attn.wkv, &l.attn.wo_a, &l.attn.wo_b, &l.attn.indexer.wq_b,
+                  &l.ffn.shared.w1, &l.ffn.shared.w2, &l.ffn.shared.w3})
+    f(*w);
+  for (auto& x : l.ffn.experts)
+    for (auto* w : {&x.w1, &x.w2, &x.w3}) f(*w);
+}
 
 // Copies a small F32/BF16 tensor of the given shape to fp32.
 std::vector<float> load_vector(const Checkpoint& ck, const std::string& name, const Shape& shape,
