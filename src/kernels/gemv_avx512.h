@@ -72,7 +72,7 @@ bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t
 
 // Writes panel `panel` of w's FP4 panels (Weight::fp4_panels): its
 // in / 8 steps of 16 dwords to data, its in / 32 scale steps of 16 codes to
-// scales (kernels/gemv.h pack_fp4_panels).
+// scales (kernels/gemv.h pack_quant_panels).
 void pack_fp4_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales);
 
 // The same on w's FP8 panels (Weight::fp8_panels): rows o0 .. o0 + n - 1,
