@@ -235,14 +235,13 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   return true;
 }
 
-template <int G, int MR>
-bool fp4_panel_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
-                         int64_t n, float* y, int64_t ldy) {
-  if constexpr (MR > 1) {
-    if (M < MR) return fp4_panel_tile_rows<G, MR - 1>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+struct Fp4PanelTile {
+  template <int G, int MR>
+  static bool run(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
+                  float* y, int64_t ldy) {
+    return fp4_panel_tile<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
   }
-  return fp4_panel_tile<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
-}
+};
 
 // ---- FP8 panels (Weight::fp8_panels) ------------------------------------------
 // A step of a panel is one aligned 64-byte load, lane i the codes of 4 k of
@@ -358,13 +357,40 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   return true;
 }
 
-template <int G, int MR>
-bool fp8_panel_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
-                         int64_t n, float* y, int64_t ldy) {
-  if constexpr (MR > 1) {
-    if (M < MR) return fp8_panel_tile_rows<G, MR - 1>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+struct Fp8PanelTile {
+  template <int G, int MR>
+  static bool run(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
+                  float* y, int64_t ldy) {
+    return fp8_panel_tile<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
   }
-  return fp8_panel_tile<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
+};
+
+// ---- Either kind of panel ----------------------------------------------------
+// Tile::run<G, M> for a run-time M in [1, MR].
+template <class Tile, int G, int MR>
+bool panel_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
+                     int64_t n, float* y, int64_t ldy) {
+  if constexpr (MR > 1) {
+    if (M < MR) return panel_tile_rows<Tile, G, MR - 1>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  }
+  return Tile::template run<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
+}
+
+// Rows o0 .. o0 + n - 1 of an FP4 or FP8 panel tile: up to kGemvTileInputRows
+// input rows over both panels at once, more (up to kGemvPanelInputRows) a
+// panel at a time.
+template <class Tile>
+bool panel_tile(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
+                int64_t n, float* y, int64_t ldy) {
+  if (M > kGemvTileInputRows) {
+    for (int64_t h = 0; h < n; h += kLanes)
+      if (!panel_tile_rows<Tile, 1, kGemvPanelInputRows>(w, xp, M, ldxp, x_min_exponent, o0 + h,
+                                                         std::min<int64_t>(kLanes, n - h), y + h, ldy))
+        return false;
+    return true;
+  }
+  if (n > kLanes) return panel_tile_rows<Tile, 2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  return panel_tile_rows<Tile, 1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
 }
 
 // Nibbles at bits 0, 8, 16, 24 of each dword to bits 0-15.
@@ -447,28 +473,12 @@ bool fp8_panel_pairs_avx512bf16(const Weight& w, int64_t panel, uint32_t* pairs,
 
 bool gemv_fp8_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy) {
-  if (M > kGemvTileInputRows) {  // a panel at a time, every input row at once
-    for (int64_t h = 0; h < n; h += kLanes)
-      if (!fp8_panel_tile_rows<1, kGemvPanelInputRows>(w, xp, M, ldxp, x_min_exponent, o0 + h,
-                                                          std::min<int64_t>(kLanes, n - h), y + h, ldy))
-        return false;
-    return true;
-  }
-  if (n > kLanes) return fp8_panel_tile_rows<2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
-  return fp8_panel_tile_rows<1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  return panel_tile<Fp8PanelTile>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
 }
 
 bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy) {
-  if (M > kGemvTileInputRows) {  // a panel at a time, every input row at once
-    for (int64_t h = 0; h < n; h += kLanes)
-      if (!fp4_panel_tile_rows<1, kGemvPanelInputRows>(w, xp, M, ldxp, x_min_exponent, o0 + h,
-                                                          std::min<int64_t>(kLanes, n - h), y + h, ldy))
-        return false;
-    return true;
-  }
-  if (n > kLanes) return fp4_panel_tile_rows<2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
-  return fp4_panel_tile_rows<1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  return panel_tile<Fp4PanelTile>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
 }
 
 bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
