@@ -99,12 +99,14 @@ struct Shape {
 };
 
 // Shapes: one row, outputs not a multiple of 16 or of the 32-row tile, in
-// not a multiple of an FP8 block (ragged last block), and one Flash-like.
+// not a multiple of an FP8 block (ragged last block), one Flash-like, and
+// one with 128-row panel tiles on one thread (gemv.cc quant_panel_tile_rows:
+// groups of 8, 4 and 2 panels, gemv_avx512bf16.cc panel_tile).
 // Rows shorter than 4 KB are taken in spans of 2 to 8 strided tiles (gemv.cc)
 // that the outputs end inside of, and the 1, 2 and 3 threads below give
 // different strides.
 const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}, {37, 1184}, {70, 208},
-                         {131, 1024}};
+                         {131, 1024}, {600, 256}};
 
 void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true, bool bf16_inputs = false) {
   const Weight& w = rw.w;

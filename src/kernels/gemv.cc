@@ -111,11 +111,24 @@ bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, i
     g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
-  for (int64_t m = m0; m < m0 + mr; m += kGemvTileInputRows)
-    if (!gemv_tile_avx512(w, x + m * ldx, std::min(kGemvTileInputRows, m0 + mr - m), ldx, b + j, stride,
-                          (n - j + stride - 1) / stride, ys + j + m * ldy, ldy))
-      return false;
+  // Panel tiles can be longer than the fp32 tiles' kGemvTileRows.
+  const int64_t count = (n - j + stride - 1) / stride;
+  for (int64_t c = 0; c < count; c += kGemvTileRows)
+    for (int64_t m = m0; m < m0 + mr; m += kGemvTileInputRows)
+      if (!gemv_tile_avx512(w, x + m * ldx, std::min(kGemvTileInputRows, m0 + mr - m), ldx, b + j + c * stride,
+                            stride, std::min(kGemvTileRows, count - c), ys + j + c * stride + m * ldy, ldy))
+        return false;
   return true;
+}
+
+// Rows per tile of FP4 or FP8 panels on vdpbf16ps: up to
+// kGemvPanelTileRows, so that a group of panels has the chains it wants
+// (gemv_avx512bf16.cc panel_tile), but at least 4 tiles a thread, so that
+// the threads' shares differ by at most a quarter.
+int64_t quant_panel_tile_rows(int64_t rows, int threads) {
+  int64_t t = kGemvPanelTileRows;
+  while (t > kGemvTileRows && rows < 4 * threads * t) t /= 2;
+  return t;
 }
 
 }  // namespace
@@ -250,14 +263,17 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || reads_quant_panels(w, row_begin, 1);
   const DotInput in = dot_input(w, panels, x, M, ldx);
   const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
-  const int64_t tile_rows = narrow ? kGemvBf16TileRows : kGemvTileRows, tiles = (rows + tile_rows - 1) / tile_rows,
+  const bool quant_panels = in.xp && panels && w.kind != Weight::Kind::kBF16;
+  const int64_t tile_rows = narrow         ? kGemvBf16TileRows
+                            : quant_panels ? quant_panel_tile_rows(rows, pool.size())
+                                           : kGemvTileRows,
+                tiles = (rows + tile_rows - 1) / tile_rows,
                 stride = panels ? 1
                                 : std::clamp<int64_t>(std::min<int64_t>(4096 / std::max<int64_t>(1, w.row_bytes()),
                                                                         tiles / pool.size()),
                                                       1, 8),
                 span = stride * tile_rows, spans = (rows + span - 1) / span,
-                pass_rows = in.xp && w.kind != Weight::Kind::kBF16 && panels ? kGemvPanelInputRows
-                                                                              : kGemvTileInputRows;
+                pass_rows = quant_panels ? kGemvPanelInputRows : kGemvTileInputRows;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};

@@ -32,6 +32,9 @@ constexpr int64_t kGemvTileInputRows = 8;
 // accumulators, so 16 streams decoding together decode each weight once,
 // not twice.
 constexpr int64_t kGemvPanelInputRows = 16;
+// Output rows per tile of FP4 or FP8 panels on vdpbf16ps, at most: 8
+// panels, which one input row decodes at once (gemv_avx512bf16.cc).
+constexpr int64_t kGemvPanelTileRows = 128;
 // Whether a tile of rows o0, o0 + stride, ... reads w's pair panels: where
 // it has them, and the tile takes consecutive rows from a panel's start.
 // (Defined in gemv.cc: an inline copy compiled with -mavx512f could be the
@@ -65,7 +68,7 @@ bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, in
                               int64_t o0, int64_t stride, int64_t n, float* y, int64_t ldy);
 
 // The same on w's FP4 panels (Weight::fp4_panels): rows o0 .. o0 + n - 1,
-// o0 a multiple of 16, n ≤ kGemvTileRows, M ≤ kGemvPanelInputRows; false,
+// o0 a multiple of 16, n ≤ kGemvPanelTileRows, M ≤ kGemvPanelInputRows; false,
 // with y partly written, under the same conditions.
 bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy);
@@ -76,7 +79,7 @@ bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t
 void pack_fp4_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales);
 
 // The same on w's FP8 panels (Weight::fp8_panels): rows o0 .. o0 + n - 1,
-// o0 a multiple of 16, n ≤ kGemvTileRows, M ≤ kGemvPanelInputRows; false,
+// o0 a multiple of 16, n ≤ kGemvPanelTileRows, M ≤ kGemvPanelInputRows; false,
 // with y partly written, where a product could be flushed (a scale code
 // outside 10-246, or too small for the inputs): the caller then computes
 // the tile with gemv_tile_avx512.

@@ -11,6 +11,7 @@
 #include "kernels/gemv_avx512.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/gemm.h"
 #include "kernels/gemv_tile_parts.h"
@@ -172,8 +173,13 @@ bool fp4_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp,
 // transpose and no vpmultishiftqb, which held the row-layout tile above to
 // ~11.7 GB/s on one Zen 4 thread against ~20 here (session 21). A panel is
 // one sequential stream, so the hardware prefetcher needs no row spans;
-// the lines kPanelAhead blocks on are asked for into L1 as a block starts.
-constexpr int64_t kPanelAhead = 2;
+// the lines kPanelAhead blocks on are asked for into L1 as a block starts,
+// and those kPanelFarAhead blocks (2 KB) on into L2: a thread streaming an
+// expert's panels alone (moe.cc runs whole experts per thread) keeps more
+// of its misses in flight than the hardware prefetcher does. 16 streams
+// decoding together on Zen 4, experts' stage: 199-218 -> 157-168 ms a step
+// (session 23, alternated runs).
+constexpr int64_t kPanelAhead = 2, kPanelFarAhead = 8;
 
 template <int G, int MR>
 bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
@@ -183,7 +189,7 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   const uint32_t* data[G];
   const uint8_t* scale[G];
   __mmask16 keep[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
     const int64_t panel = o0 / kLanes + g, left = n - g * kLanes;
     data[g] = w.fp4_panels + panel * steps * kLanes;
@@ -194,12 +200,17 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   __m512i lowest = _mm512_set1_epi32(255), highest = _mm512_setzero_si512();
   for (int64_t b = 0; b < blocks; ++b) {
     __m512i sub[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       if (b + kPanelAhead < blocks)
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q)
           _mm_prefetch(reinterpret_cast<const char*>(data[g] + (4 * (b + kPanelAhead) + q) * kLanes), _MM_HINT_T0);
+      if (b + kPanelFarAhead < blocks)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (4 * (b + kPanelFarAhead) + q) * kLanes),
+                       _MM_HINT_T1);
       const __m512i s =
           _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(scale[g] + b * kLanes)));
       lowest = _mm512_mask_min_epu32(lowest, keep[g], lowest, s);
@@ -210,12 +221,12 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
     for (int q = 0; q < 4; ++q) {
       const int64_t step = 4 * b + q;
       __m512i codes[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) codes[g] = _mm512_load_si512(data[g] + step * kLanes);
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
         __m512bh pair[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
           const __m512i index = p == 0 ? codes[g] : _mm512_srli_epi16(codes[g], unsigned(4 * p));
           pair[g] = (__m512bh)_mm512_subs_epu16(_mm512_permutexvar_epi16(index, dec.table), sub[g]);
@@ -223,7 +234,7 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
           const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + 4 * step + p]));
-#pragma GCC unroll 2
+#pragma GCC unroll 8
           for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], a, pair[g]);
         }
       }
@@ -236,6 +247,7 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
 }
 
 struct Fp4PanelTile {
+  static constexpr int kMaxGroup = 8;
   template <int G, int MR>
   static bool run(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
                   float* y, int64_t ldy) {
@@ -300,8 +312,9 @@ struct Fp8PairDecoder {
 };
 
 // Steps asked for into L1 ahead of the one decoded: 512 bytes of a panel,
-// as kPanelAhead blocks of an FP4 panel.
-constexpr int64_t kFp8StepsAhead = 8;
+// as kPanelAhead blocks of an FP4 panel; into L2, 2 KB, as kPanelFarAhead
+// (16 streams on Zen 4, projections: 44.9-47.0 -> 43.0-43.4 ms a step).
+constexpr int64_t kFp8StepsAhead = 8, kFp8StepsFarAhead = 32;
 
 template <int G, int MR>
 bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
@@ -311,7 +324,7 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   const uint32_t* data[G];
   const uint8_t* scale[G];
   __mmask16 keep[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
     const int64_t row = o0 + g * kLanes, left = n - g * kLanes;
     data[g] = w.fp8_panels + (row / kLanes) * steps * kLanes;
@@ -322,7 +335,7 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   int lowest = 255, highest = 0;
   for (int64_t c = 0; c < scols; ++c) {
     __m512i sub[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const int s = scale[g][c];
       lowest = std::min(lowest, s);
@@ -332,19 +345,21 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
     const int64_t end = std::min(steps, (c + 1) * B / 4);
     for (int64_t step = c * B / 4; step < end; ++step) {
       __m512bh first[G], second[G];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         if (step + kFp8StepsAhead < steps)
           _mm_prefetch(reinterpret_cast<const char*>(data[g] + (step + kFp8StepsAhead) * kLanes), _MM_HINT_T0);
+        if (step + kFp8StepsFarAhead < steps)
+          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (step + kFp8StepsFarAhead) * kLanes), _MM_HINT_T1);
         dec.pairs(_mm512_load_si512(data[g] + step * kLanes), sub[g], first[g], second[g]);
       }
 #pragma GCC unroll 16
       for (int m = 0; m < MR; ++m) {
         const __m512bh a = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + 2 * step])),
                        b = (__m512bh)_mm512_set1_epi32(int(xp[m * ldxp + 2 * step + 1]));
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], a, first[g]);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) acc.v[m][g] = _mm512_dpbf16_ps(acc.v[m][g], b, second[g]);
       }
     }
@@ -358,6 +373,7 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
 }
 
 struct Fp8PanelTile {
+  static constexpr int kMaxGroup = 4;
   template <int G, int MR>
   static bool run(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
                   float* y, int64_t ldy) {
@@ -376,21 +392,40 @@ bool panel_tile_rows(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldx
   return Tile::template run<G, MR>(w, xp, ldxp, x_min_exponent, o0, n, y, ldy);
 }
 
-// Rows o0 .. o0 + n - 1 of an FP4 or FP8 panel tile: up to kGemvTileInputRows
-// input rows over both panels at once, more (up to kGemvPanelInputRows) a
-// panel at a time.
+// Rows o0 .. o0 + n - 1 of an FP4 or FP8 panel tile, G panels at a time:
+// each lane's chain waits ~6 cycles for its last vdpbf16ps (measured on
+// Zen 4, which issues one a cycle), so a group wants G · M chains enough to
+// keep the decoding busy. One input row over two panels (an FP4 expert
+// chosen by one stream of 16, or by the only one) held FP4 panels in cache
+// to 18 GB/s on one thread; over eight, 22 (docs/PERFORMANCE.md "Panel
+// groups"). Past kGemvTileInputRows, one panel at a time with up to 16
+// accumulators, so that each weight is decoded once. Tile::kMaxGroup is
+// what the decoder's registers allow.
 template <class Tile>
 bool panel_tile(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent, int64_t o0,
                 int64_t n, float* y, int64_t ldy) {
-  if (M > kGemvTileInputRows) {
-    for (int64_t h = 0; h < n; h += kLanes)
-      if (!panel_tile_rows<Tile, 1, kGemvPanelInputRows>(w, xp, M, ldxp, x_min_exponent, o0 + h,
-                                                         std::min<int64_t>(kLanes, n - h), y + h, ldy))
-        return false;
-    return true;
+  // A group of G panels takes the rest of the tile where that holds more
+  // than G - 1 panels.
+  for (int64_t h = 0; h < n;) {
+    const int64_t left = n - h;
+    const auto group = [&](auto G, auto MR) {
+      const int64_t rows = std::min<int64_t>(left, G * kLanes);
+      h += rows;
+      return panel_tile_rows<Tile, G, MR>(w, xp, M, ldxp, x_min_exponent, o0 + h - rows, rows, y + h - rows, ldy);
+    };
+    using One = std::integral_constant<int, 1>;
+    bool ok;
+    if (M == 1 && left > (Tile::kMaxGroup - 1) * kLanes)
+      ok = group(std::integral_constant<int, Tile::kMaxGroup>(), One());
+    else if (M <= 4 && left > 3 * kLanes)
+      ok = group(std::integral_constant<int, 4>(), std::integral_constant<int, 4>());
+    else if (M <= kGemvTileInputRows && left > kLanes)
+      ok = group(std::integral_constant<int, 2>(), std::integral_constant<int, kGemvTileInputRows>());
+    else
+      ok = group(One(), std::integral_constant<int, kGemvPanelInputRows>());
+    if (!ok) return false;
   }
-  if (n > kLanes) return panel_tile_rows<Tile, 2, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
-  return panel_tile_rows<Tile, 1, kGemvTileInputRows>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+  return true;
 }
 
 // Nibbles at bits 0, 8, 16, 24 of each dword to bits 0-15.
