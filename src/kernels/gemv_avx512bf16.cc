@@ -311,10 +311,11 @@ struct Fp8PairDecoder {
   }
 };
 
-// Steps asked for into L1 ahead of the one decoded: 512 bytes of a panel,
-// as kPanelAhead blocks of an FP4 panel; into L2, 2 KB, as kPanelFarAhead
-// (16 streams on Zen 4, projections: 44.9-47.0 -> 43.0-43.4 ms a step).
-constexpr int64_t kFp8StepsAhead = 8, kFp8StepsFarAhead = 32;
+// Steps (64 bytes of a panel, as an FP4 panel's) asked for ahead of the
+// one decoded: the same bytes as the FP4 tile, whose blocks are 4 steps;
+// 512 B into L1 and 2 KB into L2 (16 streams on Zen 4, projections:
+// 44.9-47.0 -> 43.0-43.4 ms a step with the L2 one).
+constexpr int64_t kFp8StepsAhead = 4 * kPanelAhead, kFp8StepsFarAhead = 4 * kPanelFarAhead;
 
 template <int G, int MR>
 bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min_exponent, int64_t o0, int64_t n,
@@ -409,9 +410,9 @@ bool panel_tile(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, in
   for (int64_t h = 0; h < n;) {
     const int64_t left = n - h;
     const auto group = [&](auto G, auto MR) {
-      const int64_t rows = std::min<int64_t>(left, G * kLanes);
+      const int64_t at = h, rows = std::min<int64_t>(left, G * kLanes);
       h += rows;
-      return panel_tile_rows<Tile, G, MR>(w, xp, M, ldxp, x_min_exponent, o0 + h - rows, rows, y + h - rows, ldy);
+      return panel_tile_rows<Tile, G, MR>(w, xp, M, ldxp, x_min_exponent, o0 + at, rows, y + at, ldy);
     };
     using One = std::integral_constant<int, 1>;
     bool ok;
