@@ -29,44 +29,51 @@ std::vector<int> histogram(const std::vector<float>& logits, const SamplingParam
   return counts;
 }
 
-// The definition of sample() (sampler.h), written plainly: the softmax in
-// double, one sort by (p descending, id ascending), the filters, the draw.
+// The definition of sample() (sampler.h), written plainly: weights
+// exp((logit - max) / t) in double, one full sort by (weight descending, id
+// ascending), top-k, the top-p prefix (its mass against top-k's, summed by
+// ascending id), min-p, and the draw over the kept ids in ascending order.
 int32_t sample_by_definition(const std::vector<float>& logits, const SamplingParams& s, int64_t position) {
-  if (s.temperature == 0) return argmax(logits.data(), int64_t(logits.size()));
-  const double top = double(logits[size_t(argmax(logits.data(), int64_t(logits.size())))]);
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((double(logits[i]) - top) / s.temperature);
-  for (double& x : p) x /= sum;
-  std::vector<int32_t> order(p.size());
+  const int32_t best = argmax(logits.data(), int64_t(logits.size()));
+  if (s.temperature == 0) return best;
+  const double top = double(logits[size_t(best)]);
+  std::vector<double> w(logits.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::exp((double(logits[i]) - top) / s.temperature);
+  std::vector<int32_t> order(w.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return p[size_t(a)] != p[size_t(b)] ? p[size_t(a)] > p[size_t(b)] : a < b;
+    return w[size_t(a)] != w[size_t(b)] ? w[size_t(a)] > w[size_t(b)] : a < b;
   });
   size_t n = order.size();
   if (s.top_k > 0) n = std::min(n, size_t(s.top_k));
-  double kept = 0, cum = 0;
-  for (size_t i = 0; i < n; ++i) kept += p[size_t(order[i])];
-  if (s.top_p < 1)
+  if (s.top_p < 1) {
+    std::vector<int32_t> by_id(order.begin(), order.begin() + std::ptrdiff_t(n));
+    std::sort(by_id.begin(), by_id.end());
+    double kept = 0, cum = 0;
+    for (int32_t id : by_id) kept += w[size_t(id)];
     for (size_t i = 0; i < n; ++i)
-      if ((cum += p[size_t(order[i])]) >= double(s.top_p) * kept) {
+      if ((cum += w[size_t(order[i])]) >= double(s.top_p) * kept) {
         n = i + 1;
         break;
       }
-  while (n > 1 && p[size_t(order[n - 1])] < double(s.min_p) * p[size_t(order[0])]) --n;
-  double mass = 0;
-  for (size_t i = 0; i < n; ++i) mass += p[size_t(order[i])];
-  const double u = counter_uniform(s.seed, position) * mass;
-  cum = 0;
+  }
+  std::vector<int32_t> ids;
   for (size_t i = 0; i < n; ++i)
-    if (u < (cum += p[size_t(order[i])])) return order[i];
-  return order[n - 1];
+    if (w[size_t(order[i])] >= double(s.min_p) && w[size_t(order[i])] > 0) ids.push_back(order[i]);
+  std::sort(ids.begin(), ids.end());
+  double mass = 0;
+  for (int32_t id : ids) mass += w[size_t(id)];
+  const double u = counter_uniform(s.seed, position) * mass;
+  double cum = 0;
+  for (int32_t id : ids)
+    if (u < (cum += w[size_t(id)])) return id;
+  return ids.back();
 }
 
-// The sampler orders ids its own faster way; the tokens are the
+// The sampler sorts only what the filters reach; the tokens are the
 // definition's: a vocabulary-sized row, rows full of equal logits (ties
 // broken by id), -inf logits, and low temperatures where thousands of
-// probabilities round to 0, under every filter.
+// weights round to 0, under every filter, at many positions.
 TEST(Sampler, EqualsItsDefinition) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 3.f);
@@ -84,8 +91,9 @@ TEST(Sampler, EqualsItsDefinition) {
             s.top_k = k;
             s.top_p = top_p;
             s.min_p = min_p;
-            ASSERT_EQ(sample(row, s, 0), sample_by_definition(row, s, 0))
-                << "t " << t << " top_k " << k << " top_p " << top_p << " min_p " << min_p;
+            for (int64_t pos : {0, 1})
+              ASSERT_EQ(sample(row, s, pos), sample_by_definition(row, s, pos))
+                  << "t " << t << " top_k " << k << " top_p " << top_p << " min_p " << min_p;
           }
 }
 

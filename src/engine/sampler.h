@@ -29,10 +29,12 @@ int32_t argmax(const float* v, int64_t n);
 double counter_uniform(uint64_t seed, int64_t position);
 
 // The token for `position` (the position it will occupy). Temperature 0 is
-// the engine's greedy choice bit for bit; otherwise the softmax of
-// logits/temperature (in double) is cut to top_k (ties to the lower id), then
-// to the top_p prefix, then by min_p, renormalised and drawn from with
-// counter_uniform(seed, position).
+// the engine's greedy choice bit for bit. Otherwise each id weighs
+// exp((logit - max logit) / temperature), in double; ranked by weight
+// (ties to the lower id), the first top_k are kept, then the shortest
+// prefix of those whose weight reaches top_p of theirs, then those weighing
+// at least min_p of the largest; the draw with counter_uniform(seed,
+// position) walks the kept ids in ascending order.
 int32_t sample(const std::vector<float>& logits, const SamplingParams& params, int64_t position);
 
 }  // namespace dsv4
