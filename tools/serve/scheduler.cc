@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "io/text_stream.h"
 
 namespace dsv4::serve {
@@ -113,9 +114,11 @@ struct Scheduler::Impl {
   void start(Job& job);
   void step();
   std::vector<int32_t> tokens_for_step(const Job& job, int64_t* prefill_left) const;
-  void after_append(Job& job, const PrefillResult& r, int64_t appended, StepRecord* rec);
+  bool after_append(Job& job, const PrefillResult& r, int64_t appended, StepRecord* rec);
   void keep_prefill_state(Job& job, int64_t from, int64_t to);
-  void take_token(Job& job, const std::vector<float>& logits);
+  void take_tokens(const std::vector<Job*>& jobs, const std::vector<PrefillResult>& results,
+                   const std::vector<size_t>& drawing);
+  void take_token(Job& job, TokenOut t);
   void end_answer(Job& job, Finish why, const std::string& error = {});
   void deliver(Job& job, TokenOut* token, std::string text, Finish finish, const std::string& error = {});
   void count_finished(Job& job, Finish why);
@@ -373,24 +376,26 @@ void Scheduler::Impl::step() {
     for (Job* j : jobs) end_answer(*j, Finish::kError, e.what());
     return;
   }
+  std::vector<size_t> drawing;  // the jobs whose append ended in a token to draw
   for (size_t i = 0; i < jobs.size(); ++i) {
     try {
-      after_append(*jobs[i], results[i], int64_t(tokens[i].size()), &rec);
+      if (after_append(*jobs[i], results[i], int64_t(tokens[i].size()), &rec)) drawing.push_back(i);
     } catch (const std::exception& e) {
       if (!jobs[i]->finished) end_answer(*jobs[i], Finish::kError, e.what());
       jobs[i]->over = true;
     }
   }
+  take_tokens(jobs, results, drawing);
   rec.end = Clock::now();
   rec.seconds = seconds_between(t0, rec.end);
   record_step(rec);
 }
 
-void Scheduler::Impl::after_append(Job& job, const PrefillResult& r, int64_t appended, StepRecord* rec) {
+bool Scheduler::Impl::after_append(Job& job, const PrefillResult& r, int64_t appended, StepRecord* rec) {
   if (!r.error.empty()) {
     if (!job.finished) end_answer(job, Finish::kError, r.error);
     job.over = true;
-    return;
+    return false;
   }
   const int64_t n = int64_t(job.req.prompt.size()), pos = job.session->position();
   switch (job.phase) {
@@ -398,7 +403,7 @@ void Scheduler::Impl::after_append(Job& job, const PrefillResult& r, int64_t app
       rec->prefilled += appended;
       if (pos < n) {
         keep_prefill_state(job, pos - appended, pos);
-        return;
+        return false;
       }
       job.phase = Job::Phase::kDecode;
       break;
@@ -407,10 +412,39 @@ void Scheduler::Impl::after_append(Job& job, const PrefillResult& r, int64_t app
     case Job::Phase::kRememberAnswer:
       remember(*job.session);
       job.over = true;
-      return;
+      return false;
   }
   ++rec->generated;
-  take_token(job, r.logits);
+  return true;
+}
+
+// The tokens of the jobs `drawing` indexes, each drawn from its own row of
+// logits alone (engine/sampler.h): so the draws share the thread pool (16
+// of ~1 ms each a 16-stream step), and the jobs take them in order.
+void Scheduler::Impl::take_tokens(const std::vector<Job*>& jobs, const std::vector<PrefillResult>& results,
+                                  const std::vector<size_t>& drawing) {
+  std::vector<TokenOut> drawn(drawing.size());
+  std::vector<std::string> failed(drawing.size());
+  parallel_for_each(int64_t(drawing.size()), [&](int64_t d) {
+    const Job& job = *jobs[drawing[size_t(d)]];
+    const std::vector<float>& logits = results[drawing[size_t(d)]].logits;
+    try {
+      const int64_t position = int64_t(job.req.prompt.size() + job.generated.size());
+      drawn[size_t(d)] = token_with_logprobs(sample(logits, job.req.sampling, position), logits, job.req.top_logprobs);
+    } catch (const std::exception& e) {
+      failed[size_t(d)] = e.what();
+    }
+  });
+  for (size_t d = 0; d < drawing.size(); ++d) {
+    Job& job = *jobs[drawing[d]];
+    try {
+      if (!failed[d].empty()) throw Error(failed[d]);
+      take_token(job, std::move(drawn[d]));
+    } catch (const std::exception& e) {
+      if (!job.finished) end_answer(job, Finish::kError, e.what());
+      job.over = true;
+    }
+  }
 }
 
 // Inside a prompt: the state one token before its end (remember_before_last),
@@ -426,12 +460,11 @@ void Scheduler::Impl::keep_prefill_state(Job& job, int64_t from, int64_t to) {
   }
 }
 
-// The token at position prompt + i, drawn as tools/generation.cc draws it,
-// and whether it ends the answer.
-void Scheduler::Impl::take_token(Job& job, const std::vector<float>& logits) {
+// The token drawn for position prompt + i (as tools/generation.cc draws
+// it), and whether it ends the answer.
+void Scheduler::Impl::take_token(Job& job, TokenOut t) {
   const int64_t i = int64_t(job.generated.size());
-  const int32_t id = sample(logits, job.req.sampling, int64_t(job.req.prompt.size()) + i);
-  TokenOut t = token_with_logprobs(id, logits, job.req.top_logprobs);
+  const int32_t id = t.id;
   job.generated.push_back(id);
   if (i == 0) job.first_token_seconds = seconds_between(job.submitted, Clock::now());
   const bool eos = !job.req.ignore_eos && id == engine.config().eos_token_id;
