@@ -52,7 +52,8 @@ std::vector<int32_t> kept_by_rank(const std::vector<double>& w, const SamplingPa
     size_t sorted = 0, want = 256;
     for (size_t i = 0; i < n; ++i) {
       if (i == sorted) {  // the next segment of the order, sorted
-        const auto b = order.begin() + std::ptrdiff_t(sorted), e = order.begin() + std::ptrdiff_t(std::min(n, sorted + want));
+        const auto b = order.begin() + std::ptrdiff_t(sorted);
+        const auto e = order.begin() + std::ptrdiff_t(std::min(n, sorted + want));
         std::nth_element(b, e - 1, order.end());  // e - 1 then holds its rank; all before it rank higher
         std::sort(b, e);
         sorted = size_t(e - order.begin());
