@@ -47,6 +47,10 @@ enum class Buf {
   kAttentionScores,  // attend_query (either path): the query's scores
   kAttentionQPairs,  // attend_query: q as bf16 pair panels
   kAttentionQColumns,  // attend_query: q transposed
+  kSamplerWeights,   // sample: every id's weight
+  kSamplerKept,      // sample: the ids the filters keep
+  kSamplerRanks,     // sample: ids with their weights, in rank order
+  kSamplerSortSpare,  // sample: the rank sort's second buffer
   kCount
 };
 

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
+#include "core/scratch.h"
 
 namespace dsv4 {
 
@@ -29,46 +31,91 @@ struct Weighted {
   bool operator<(const Weighted& o) const { return w != o.w ? w > o.w : id < o.id; }
 };
 
-// The ids top-k and top-p keep, ascending; `w` the weights of all ids.
-// Only the part of the order the filters reach is sorted: top-k selects
-// its k in linear time, and top-p sorts segments of growing length until
-// its prefix reaches the mass. A full sort of a 129,280-id row took ~3 ms,
-// 16 of them a 16-stream server step (Zen 4, session 24).
-std::vector<int32_t> kept_by_rank(const std::vector<double>& w, const SamplingParams& s) {
-  std::vector<Weighted> order(w.size());
-  for (size_t i = 0; i < w.size(); ++i) order[i] = {w[i], int32_t(i)};
-  size_t n = order.size();
-  if (s.top_k > 0 && size_t(s.top_k) < n) {
-    n = size_t(s.top_k);
-    std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(n), order.end());
-    order.resize(n);
-  }
-  if (s.top_p < 1) {
-    std::vector<Weighted> by_id = order;
-    std::sort(by_id.begin(), by_id.end(), [](const Weighted& a, const Weighted& b) { return a.id < b.id; });
-    double kept_mass = 0, cum = 0;
-    for (const Weighted& x : by_id) kept_mass += x.w;
-    const double target = double(s.top_p) * kept_mass;
-    size_t sorted = 0, want = 256;
-    for (size_t i = 0; i < n; ++i) {
-      if (i == sorted) {  // the next segment of the order, sorted
-        const auto b = order.begin() + std::ptrdiff_t(sorted);
-        const auto e = order.begin() + std::ptrdiff_t(std::min(n, sorted + want));
-        std::nth_element(b, e - 1, order.end());  // e - 1 then holds its rank; all before it rank higher
-        std::sort(b, e);
-        sorted = size_t(e - order.begin());
-        want *= 4;
-      }
-      if ((cum += order[i].w) >= target) {
-        n = i + 1;
-        break;
-      }
+// The filters keep their megabytes in the thread's workspaces (core/
+// scratch.h): fresh vectors each draw were faulted in page by page (~10%
+// of a draw's samples in the kernel on the session 24 VM).
+
+// The k-th of w[0..V) in rank order (k <= V): a heap of the k best so far,
+// whose top is the worst of them; most ids fail one comparison with it.
+Weighted kth_by_rank(const double* w, size_t V, size_t k) {
+  Weighted* const heap = workspace<Weighted>(Buf::kSamplerRanks, k);
+  for (size_t i = 0; i < k; ++i) heap[i] = {w[i], int32_t(i)};
+  std::make_heap(heap, heap + k);
+  for (size_t i = k; i < V; ++i) {
+    const Weighted x{w[i], int32_t(i)};
+    if (x < heap[0]) {
+      std::pop_heap(heap, heap + k);
+      heap[k - 1] = x;
+      std::push_heap(heap, heap + k);
     }
   }
-  std::vector<int32_t> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = order[i].id;
-  std::sort(ids.begin(), ids.end());
-  return ids;
+  return heap[0];
+}
+
+// Sorts v[0..n) (ascending ids) into rank order: a stable LSD radix sort on
+// the weights' bits (a weight >= 0 ascends with them), descending, so equal
+// weights keep ascending ids. A pass where every weight has the same digit
+// moves nothing and is skipped (a row's weights share their top bits).
+void sort_by_rank(Weighted* v, size_t n) {
+  Weighted* spare = workspace<Weighted>(Buf::kSamplerSortSpare, n);
+  Weighted* const out = v;
+  const auto digit = [](const Weighted& x, int shift) {
+    uint64_t b;
+    std::memcpy(&b, &x.w, sizeof b);
+    return size_t((~b >> shift) & 0xff);
+  };
+  for (int shift = 0; shift < 64; shift += 8) {
+    size_t count[257] = {};
+    for (size_t i = 0; i < n; ++i) ++count[digit(v[i], shift) + 1];
+    if (*std::max_element(count + 1, count + 257) == n) continue;
+    for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
+    for (size_t i = 0; i < n; ++i) spare[count[digit(v[i], shift)]++] = v[i];
+    std::swap(v, spare);
+  }
+  if (v != out) std::copy(v, v + n, out);
+}
+
+// Keeps those of ids[0..n) (ascending) that rank at or before `last`
+// (the final id a filter keeps); returns how many.
+size_t keep_up_to(const double* w, int32_t* ids, size_t n, const Weighted& last) {
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Weighted x{w[ids[i]], ids[i]};
+    if (!(last < x)) ids[kept++] = ids[i];
+  }
+  return kept;
+}
+
+// top-p over ids[0..n) (ascending): the shortest prefix of their rank
+// order whose weights, summed in that order, reach top_p of their mass
+// (summed by id). Only ids that can be in it are sorted: the ids after the
+// prefix weigh more than mass - target together, each at most as much as
+// its last, so that weighs more than (mass - target) / n; half of it leaves
+// room for rounding. A peaked row sorts a handful, a flat one all.
+size_t keep_top_p(const double* w, int32_t* ids, size_t n, float top_p) {
+  double mass = 0;
+  for (size_t i = 0; i < n; ++i) mass += w[ids[i]];
+  const double target = double(top_p) * mass, floor = 0.5 * (mass - target) / double(n);
+  Weighted* const order = workspace<Weighted>(Buf::kSamplerRanks, n);
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (w[ids[i]] >= floor) order[m++] = {w[ids[i]], ids[i]};
+  sort_by_rank(order, m);
+  double cum = 0;
+  for (size_t i = 0; i < m; ++i)
+    if ((cum += order[i].w) >= target) return keep_up_to(w, ids, n, order[i]);
+  return n;  // rounding kept the sum under the target: all of them
+}
+
+// The ids top-k and top-p keep, ascending, in ids (room for V); returns
+// how many. Neither sorts more than it must: ordering all 129,280 ids
+// took ~3 ms a draw, 16 draws a 16-stream server step (Zen 4, session 24).
+size_t kept_by_rank(const double* w, size_t V, const SamplingParams& s, int32_t* ids) {
+  size_t n = V;
+  for (size_t i = 0; i < V; ++i) ids[i] = int32_t(i);
+  if (s.top_k > 0 && size_t(s.top_k) < V) n = keep_up_to(w, ids, n, kth_by_rank(w, V, size_t(s.top_k)));
+  if (s.top_p < 1) n = keep_top_p(w, ids, n, s.top_p);
+  return n;
 }
 
 }  // namespace
@@ -100,12 +147,12 @@ int32_t sample(const std::vector<float>& logits, const SamplingParams& s, int64_
   // Weights relative to the largest logit's, which is exactly 1: the filters
   // and the draw are ratios, so they need no normalisation.
   const double t = s.temperature, top = double(logits[size_t(best)]);
-  std::vector<double> w(logits.size());
-  for (size_t i = 0; i < w.size(); ++i) w[i] = std::exp((double(logits[i]) - top) / t);
-  const bool ranked = (s.top_k > 0 && size_t(s.top_k) < w.size()) || s.top_p < 1;
-  std::vector<int32_t> ids;
-  if (ranked) ids = kept_by_rank(w, s);
-  const size_t n = ranked ? ids.size() : w.size();
+  const size_t V = logits.size();
+  double* const w = workspace<double>(Buf::kSamplerWeights, V);
+  for (size_t i = 0; i < V; ++i) w[i] = std::exp((double(logits[i]) - top) / t);
+  const bool ranked = (s.top_k > 0 && size_t(s.top_k) < V) || s.top_p < 1;
+  int32_t* const ids = ranked ? workspace<int32_t>(Buf::kSamplerKept, V) : nullptr;
+  const size_t n = ranked ? kept_by_rank(w, V, s, ids) : V;
   auto id_at = [&](size_t i) { return ranked ? ids[i] : int32_t(i); };
   // min-p last, against the largest weight (1). The draw walks the kept ids
   // in ascending order; a zero weight is never drawn.
