@@ -271,6 +271,23 @@ TEST(Generate, SamplingIsReproducibleBySeed) {
   EXPECT_EQ(generate_json("-n 8 --temp 5 --top-k 1 --seed 3")["generated"], greedy["generated"]);
 }
 
+TEST(Generate, PenaltiesAndLogitBiasReachTheSampler) {
+  const nlohmann::json greedy = generate_json("-n 6");
+  const int first = greedy["generated"][0];
+  EXPECT_EQ(generate_json("-n 6 --logit-bias 7=100 --logit-bias " + std::to_string(first) + "=-100")["generated"],
+            nlohmann::json(std::vector<int>(6, 7)));
+  EXPECT_NE(generate_json("-n 6 --logit-bias=" + std::to_string(first) + "=-100")["generated"][0], first);
+  // Negative penalties favour the answer's own tokens: fewer distinct ones
+  // than the greedy answer's (the same each run).
+  auto distinct = [](std::vector<int> ids) {
+    std::sort(ids.begin(), ids.end());
+    return std::unique(ids.begin(), ids.end()) - ids.begin();
+  };
+  const nlohmann::json looped = generate_json("-n 24 --presence-penalty -2 --frequency-penalty -2")["generated"];
+  EXPECT_LT(distinct(looped), distinct(generate_json("-n 24")["generated"])) << looped;
+  EXPECT_EQ(generate_json("-n 24 --presence-penalty -2 --frequency-penalty -2")["generated"], looped);
+}
+
 // A 2-layer synthetic model with a 256-token byte-level tokenizer (id = byte).
 std::string byte_model(const TempDir& tmp) {
   const std::string dir = tmp / "bytes";
@@ -318,6 +335,12 @@ TEST(Generate, BadSamplingOptionsFailCleanly) {
   expect_clean_error(run_dsv4(g + "--top-p 0"), "--top-p must be");
   expect_clean_error(run_dsv4(g + "--min-p 2"), "--min-p must be");
   expect_clean_error(run_dsv4(g + "--top-k -3"), "--top-k must be");
+  expect_clean_error(run_dsv4(g + "--presence-penalty 3"), "--presence-penalty must be in [-2, 2]");
+  expect_clean_error(run_dsv4(g + "--frequency-penalty x"), "--frequency-penalty needs a number");
+  expect_clean_error(run_dsv4(g + "--logit-bias 5"), "--logit-bias takes ID=BIAS");
+  expect_clean_error(run_dsv4(g + "--logit-bias 5=x"), "--logit-bias takes ID=BIAS");
+  expect_clean_error(run_dsv4(g + "--logit-bias 5=200"), "must be in [-100, 100]");
+  expect_clean_error(run_dsv4(g + "--logit-bias 99999999=1"), "is outside the vocabulary");
   TempDir tmp;
   ASSERT_EQ(run_dsv4("gen-model --preset tiny --layers 2 --vocab 300 --shards 1 --out " + (tmp / "m")).exit_code, 0);
   expect_clean_error(run_dsv4("generate --model " + (tmp / "m") + " --tokens " + write_tokens(tmp, "t.json", "[1,2]") +

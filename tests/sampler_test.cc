@@ -25,15 +25,25 @@ SamplingParams warm(float t, uint64_t seed = 1) {
 // Counts of the draws at positions 0..n-1.
 std::vector<int> histogram(const std::vector<float>& logits, const SamplingParams& s, int n) {
   std::vector<int> counts(logits.size());
-  for (int p = 0; p < n; ++p) ++counts[size_t(sample(logits, s, p))];
+  for (int p = 0; p < n; ++p) ++counts[size_t(sample(logits, s, p, {}))];
   return counts;
 }
 
-// The definition of sample() (sampler.h), written plainly: weights
+// The definition of sample() (sampler.h), written plainly: every logit
+// adjusted by its bias and penalties (counted with std::count), weights
 // exp((logit - max) / t) in double, one full sort by (weight descending, id
 // ascending), top-k, the top-p prefix (its mass against top-k's, summed by
 // ascending id), min-p, and the draw over the kept ids in ascending order.
-int32_t sample_by_definition(const std::vector<float>& logits, const SamplingParams& s, int64_t position) {
+int32_t sample_by_definition(std::vector<float> logits, const SamplingParams& s, int64_t position,
+                             const std::vector<int32_t>& generated) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    float bias = 0;
+    for (const auto& [id, b] : s.logit_bias)
+      if (size_t(id) == i) bias = b;
+    const auto count = std::count(generated.begin(), generated.end(), int32_t(i));
+    logits[i] = logits[i] + bias;
+    logits[i] = logits[i] - (float(count) * s.frequency_penalty + (count > 0 ? s.presence_penalty : 0.f));
+  }
   const int32_t best = argmax(logits.data(), int64_t(logits.size()));
   if (s.temperature == 0) return best;
   const double top = double(logits[size_t(best)]);
@@ -92,15 +102,84 @@ TEST(Sampler, EqualsItsDefinition) {
             s.top_p = top_p;
             s.min_p = min_p;
             for (int64_t pos : {0, 1})
-              ASSERT_EQ(sample(row, s, pos), sample_by_definition(row, s, pos))
+              ASSERT_EQ(sample(row, s, pos, {}), sample_by_definition(row, s, pos, {}))
                   << "t " << t << " top_k " << k << " top_p " << top_p << " min_p " << min_p;
           }
 }
 
+// The penalties and biases too: a history holding the row's likeliest ids
+// several times each, biases on the likeliest, the least likely and the
+// last id; greedy and drawn, with and without the filters.
+TEST(Sampler, AdjustedLogitsEqualTheirDefinition) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<std::vector<float>> rows(3, std::vector<float>(129280));
+  for (float& v : rows[0]) v = nd(rng);
+  for (float& v : rows[1]) v = std::round(nd(rng) * 2.f) / 2.f;
+  for (float& v : rows[2]) v = float(int(rng() % 3));
+  for (const std::vector<float>& row : rows) {
+    std::vector<int32_t> order(row.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    std::partial_sort(order.begin(), order.begin() + 20, order.end(),
+                      [&](int32_t a, int32_t b) { return row[size_t(a)] != row[size_t(b)] ? row[size_t(a)] > row[size_t(b)] : a < b; });
+    std::vector<int32_t> generated;
+    for (int i = 0; i < 60; ++i) generated.push_back(order[size_t(i * i % 20)]);
+    const int32_t last = int32_t(row.size()) - 1;
+    std::vector<SamplingParams> adjusted(3);
+    adjusted[0].presence_penalty = 0.7f;
+    adjusted[0].frequency_penalty = 1.3f;
+    adjusted[1].presence_penalty = -0.5f;
+    adjusted[1].logit_bias = {{order[0], -100.f}, {order[5], 2.5f}, {last, 4.f}};
+    adjusted[2].frequency_penalty = -2.f;
+    adjusted[2].logit_bias = {{order[19], 3.f}};
+    for (SamplingParams s : adjusted)
+      for (float t : {0.f, 0.3f, 2.5f})
+        for (int k : {0, 40}) {
+          s.temperature = t;
+          s.seed = uint64_t(k) + 3;
+          s.top_k = k;
+          s.top_p = k ? 0.9f : 1.f;
+          for (int64_t pos : {0, 1})
+            ASSERT_EQ(sample(row, s, pos, generated), sample_by_definition(row, s, pos, generated))
+                << "t " << t << " top_k " << k << " presence " << s.presence_penalty << " frequency "
+                << s.frequency_penalty << " biases " << s.logit_bias.size();
+        }
+  }
+}
+
+TEST(Sampler, PenaltiesCountTheAnswersTokens) {
+  const std::vector<float> logits = {2, 1.9f, 0};
+  SamplingParams s;
+  EXPECT_EQ(sample(logits, s, 0, {}), 0);
+  s.presence_penalty = 0.2f;  // 2 - 0.2 < 1.9
+  EXPECT_EQ(sample(logits, s, 0, {}), 0);
+  EXPECT_EQ(sample(logits, s, 0, std::vector<int32_t>{0}), 1);
+  s = {};
+  s.frequency_penalty = 0.05f;  // once: 1.95 > 1.9; three times: 1.85 < 1.9
+  EXPECT_EQ(sample(logits, s, 0, std::vector<int32_t>{0, 2}), 0);
+  EXPECT_EQ(sample(logits, s, 0, std::vector<int32_t>{0, 2, 0, 0}), 1);
+  s.frequency_penalty = -1;  // a negative penalty favours repeats
+  EXPECT_EQ(sample(logits, s, 0, std::vector<int32_t>{2, 2, 2}), 2);
+  EXPECT_THROW(sample(logits, s, 0, std::vector<int32_t>{3}), Error);
+}
+
+TEST(Sampler, LogitBiasSteersEveryChoice) {
+  const std::vector<float> logits = {1, 3, 2};
+  SamplingParams s;
+  s.logit_bias = {{1, -100}};
+  EXPECT_EQ(sample(logits, s, 0, {}), 2);
+  s.logit_bias = {{0, 2.5f}};
+  EXPECT_EQ(sample(logits, s, 0, {}), 0);
+  // At a temperature, +100 leaves the others weights of ~e^-98.
+  s = warm(1, 4);
+  s.logit_bias = {{2, 100}};
+  for (int p = 0; p < 200; ++p) ASSERT_EQ(sample(logits, s, p, {}), 2) << p;
+}
+
 TEST(Sampler, TemperatureZeroIsArgmaxTiesToLowerId) {
-  EXPECT_EQ(sample({1, 3, 2, 3}, SamplingParams{}, 0), 1);
-  EXPECT_EQ(sample({5, 5, 5}, SamplingParams{}, 9), 0);
-  EXPECT_EQ(sample({-2, -1, -7}, SamplingParams{}, 3), 1);
+  EXPECT_EQ(sample({1, 3, 2, 3}, SamplingParams{}, 0, {}), 1);
+  EXPECT_EQ(sample({5, 5, 5}, SamplingParams{}, 9, {}), 0);
+  EXPECT_EQ(sample({-2, -1, -7}, SamplingParams{}, 3, {}), 1);
 }
 
 TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {
@@ -108,7 +187,7 @@ TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {
   for (float t : {0.1f, 1.f, 10.f, 1000.f}) {
     SamplingParams s = warm(t);
     s.top_k = 1;
-    for (int p = 0; p < 200; ++p) ASSERT_EQ(sample(logits, s, p), 1) << t << " " << p;
+    for (int p = 0; p < 200; ++p) ASSERT_EQ(sample(logits, s, p, {}), 1) << t << " " << p;
   }
 }
 
@@ -116,9 +195,9 @@ TEST(Sampler, SameSeedAndPositionSameToken) {
   const std::vector<float> flat(64, 0.f);
   int differ = 0;
   for (int p = 0; p < 500; ++p) {
-    EXPECT_EQ(sample(flat, warm(1, 7), p), sample(flat, warm(1, 7), p));
+    EXPECT_EQ(sample(flat, warm(1, 7), p, {}), sample(flat, warm(1, 7), p, {}));
     EXPECT_EQ(counter_uniform(7, p), counter_uniform(7, p));
-    differ += sample(flat, warm(1, 7), p) != sample(flat, warm(1, 8), p);
+    differ += sample(flat, warm(1, 7), p, {}) != sample(flat, warm(1, 8), p, {});
   }
   // Independent draws from 64 tokens agree 1 time in 64: ~8 of 500.
   EXPECT_GT(differ, 450);
@@ -197,7 +276,7 @@ TEST(Sampler, TopKBreaksTiesByLowerId) {
 TEST(Sampler, InvalidParamsThrowNamingTheOption) {
   auto message = [](SamplingParams s) -> std::string {
     try {
-      s.check();
+      s.check(10);
     } catch (const Error& e) {
       return e.what();
     }
@@ -222,6 +301,29 @@ TEST(Sampler, InvalidParamsThrowNamingTheOption) {
     s.min_p = p == 0 ? -0.1f : p;
     EXPECT_NE(message(s).find("--min-p"), std::string::npos) << p;
   }
+  for (float p : {-2.5f, 2.01f, NAN}) {
+    s = {};
+    s.presence_penalty = p;
+    EXPECT_NE(message(s).find("--presence-penalty"), std::string::npos) << p;
+    s = {};
+    s.frequency_penalty = p;
+    EXPECT_NE(message(s).find("--frequency-penalty"), std::string::npos) << p;
+  }
+  s = {};
+  s.presence_penalty = -2;
+  s.frequency_penalty = 2;
+  s.logit_bias = {{0, -100}, {9, 100}};
+  EXPECT_EQ(message(s), "");
+  s.logit_bias = {{10, 1}};
+  EXPECT_NE(message(s).find("token 10 is outside the vocabulary [0, 10)"), std::string::npos);
+  s.logit_bias = {{-1, 1}};
+  EXPECT_NE(message(s).find("--logit-bias"), std::string::npos);
+  s.logit_bias = {{3, 101}};
+  EXPECT_NE(message(s).find("must be in [-100, 100]"), std::string::npos);
+  s.logit_bias = {{3, NAN}};
+  EXPECT_NE(message(s).find("must be in [-100, 100]"), std::string::npos);
+  s.logit_bias = {{3, 1}, {4, 1}, {3, 2}};
+  EXPECT_NE(message(s).find("token 3 is given twice"), std::string::npos);
 }
 
 }  // namespace

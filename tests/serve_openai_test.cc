@@ -86,8 +86,13 @@ TEST_F(ServeOpenAI, WrongTypesAndRanges) {
   expect_error(c, with(hello(), "top_logprobs", 21), 400, "invalid_value", "top_logprobs");
   expect_error(c, with(hello(), "stop", 3), 400, "invalid_type", "stop");
   expect_error(c, with(hello(), "stop", ojson::array({"a", 1})), 400, "invalid_type", "stop[1]");
-  expect_error(c, with(hello(), "presence_penalty", 0.5), 400, "invalid_value", "presence_penalty");
-  expect_error(c, with(hello(), "frequency_penalty", -1), 400, "invalid_value", "frequency_penalty");
+  expect_error(c, with(hello(), "presence_penalty", 2.5), 400, "invalid_value", "presence_penalty");
+  expect_error(c, with(hello(), "frequency_penalty", "x"), 400, "invalid_type", "frequency_penalty");
+  expect_error(c, with(hello(), "logit_bias", 3), 400, "invalid_type", "logit_bias");
+  expect_error(c, with(hello(), "logit_bias", {{"a", 1}}), 400, "invalid_value", "logit_bias");
+  expect_error(c, with(hello(), "logit_bias", {{"1", "x"}}), 400, "invalid_type", "logit_bias.1");
+  expect_error(c, with(hello(), "logit_bias", {{"1", 101}}), 400, "invalid_value", "logit_bias");
+  expect_error(c, with(hello(), "logit_bias", {{"1", 1}, {"01", 1}}), 400, "invalid_value", "logit_bias");
   expect_error(c, with(hello(), "thinking", {{"type", "sometimes"}}), 400, "invalid_value", "thinking.type");
   expect_error(c, with(hello(), "reasoning_effort", "extreme"), 400, "invalid_value", "reasoning_effort");
   expect_error(c, with(hello(), "tool_choice", "required"), 400, "invalid_value", "tool_choice");

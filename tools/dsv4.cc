@@ -465,6 +465,7 @@ int cmd_generate(const Options& a) {
   std::vector<int32_t> tokens;
   std::unique_ptr<Engine> engine = load_engine_and_prompt(a, &tokens);
   const ModelConfig& c = engine->config();
+  p.sampling.check(c.vocab_size);
   if (!engine->tokenizer() && a.has("stop"))
     throw Error("--stop needs the text: " + a.get("model") + "/tokenizer.json is missing");
   const bool print = !a.has("json");
@@ -500,6 +501,7 @@ int cmd_chat(const Options& a) {
   s.generation.append_last = true;
   if (!a.has("model")) throw Error("chat needs --model DIR");
   std::unique_ptr<Engine> engine = load_engine(a, /*expert_parallel=*/false, kChatPrefixCacheMb);
+  s.generation.sampling.check(engine->config().vocab_size);
   if (!engine->tokenizer()) throw Error("chat needs a tokenizer: " + a.get("model") + "/tokenizer.json is missing");
   s.has_system = a.has("system");
   s.system = a.get("system");

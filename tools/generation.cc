@@ -1,5 +1,7 @@
 #include "generation.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
 
 #include "core/error.h"
@@ -69,7 +71,7 @@ Generation generate(Engine& engine, const std::vector<int32_t>& prompt, const Ge
   auto first = t0;
   for (int64_t i = 0; i < p.max_new_tokens; ++i) {
     if (p.keep_logits) g.logits.insert(g.logits.end(), r.logits.begin(), r.logits.end());
-    const int32_t next = sample(r.logits, p.sampling, g.prompt_tokens + i);  // the position `next` will take
+    const int32_t next = sample(r.logits, p.sampling, g.prompt_tokens + i, g.tokens);  // at position prompt + i
     const bool eos = !p.ignore_eos && next == eos_id;
     g.tokens.push_back(next);
     out.add(next, eos);
@@ -108,6 +110,28 @@ json prefix_cache_json(const PrefixCacheStats& s) {
               {"entries", s.entries}, {"evictions", s.evictions}, {"bytes", s.bytes}};
 }
 
+namespace {
+
+// One --logit-bias value, ID=BIAS.
+std::pair<int32_t, float> logit_bias_entry(const std::string& v) {
+  const size_t eq = v.find('=');
+  char* end = nullptr;
+  errno = 0;
+  const long long id = eq == std::string::npos ? -1 : std::strtoll(v.c_str(), &end, 10);
+  bool ok = eq != std::string::npos && eq > 0 && end == v.c_str() + eq && errno == 0 &&
+            id >= std::numeric_limits<int32_t>::min() && id <= std::numeric_limits<int32_t>::max();
+  double bias = 0;
+  if (ok) {
+    const char* const b = v.c_str() + eq + 1;
+    bias = std::strtod(b, &end);
+    ok = *b && !*end;
+  }
+  if (!ok) throw Error("--logit-bias takes ID=BIAS (a token id and a number), got '" + v + "'");
+  return {int32_t(id), float(bias)};
+}
+
+}  // namespace
+
 SamplingParams sampling_params(const Options& a) {
   SamplingParams s;
   s.temperature = float(a.get_number("temp", 0));
@@ -115,7 +139,11 @@ SamplingParams sampling_params(const Options& a) {
   s.top_p = float(a.get_number("top-p", 1));
   s.min_p = float(a.get_number("min-p", 0));
   s.seed = uint64_t(a.get_int("seed", 0));
-  s.check();
+  s.presence_penalty = float(a.get_number("presence-penalty", 0));
+  s.frequency_penalty = float(a.get_number("frequency-penalty", 0));
+  for (const std::string& v : a.get_all("logit-bias")) s.logit_bias.push_back(logit_bias_entry(v));
+  // The ids are checked against the model's vocabulary once it is loaded.
+  s.check(std::numeric_limits<int32_t>::max());
   return s;
 }
 
@@ -127,6 +155,12 @@ std::vector<OptionSpec> sampling_options(int64_t default_new_tokens) {
       {"top-p", 0, "P", "sample among the smallest set of most likely tokens whose probability reaches P (default 1)"},
       {"min-p", 0, "P", "drop tokens less likely than P times the most likely one (default 0)"},
       {"seed", 's', "N", "seed of the draws; token i depends only on the seed and its position (default 0)"},
+      {"presence-penalty", 0, "P",
+       "subtract P (in [-2, 2]) from the logit of every token the answer already holds (default 0)"},
+      {"frequency-penalty", 0, "P",
+       "subtract P (in [-2, 2]) times its count in the answer so far from each token's logit (default 0)"},
+      {"logit-bias", 0, "ID=BIAS", "add BIAS (in [-100, 100]) to token ID's logit before every choice (repeatable)",
+       {}, true},
       {"stop", 0, "STRING",
        "end when the text contains STRING, printed cut before it (repeatable; needs DIR/tokenizer.json)", {}, true}};
 }

@@ -47,6 +47,7 @@ enum class Buf {
   kAttentionScores,  // attend_query (either path): the query's scores
   kAttentionQPairs,  // attend_query: q as bf16 pair panels
   kAttentionQColumns,  // attend_query: q transposed
+  kSamplerLogits,    // sample: the logits with the request's penalties and biases
   kSamplerWeights,   // sample: every id's weight
   kSamplerKept,      // sample: the ids the filters keep
   kSamplerRanks,     // sample: ids with their weights, in rank order

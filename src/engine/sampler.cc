@@ -20,8 +20,6 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-int32_t greedy(const std::vector<float>& v) { return argmax(v.data(), int64_t(v.size())); }
-
 // An id and its weight, ordered the way the filters take ids: by weight,
 // descending, ties to the lower id (a strict total order, so every
 // selection by it is one permutation).
@@ -118,6 +116,30 @@ size_t kept_by_rank(const double* w, size_t V, const SamplingParams& s, int32_t*
   return n;
 }
 
+// `logits` with the adjustments of `s` (sampler.h), in the thread's
+// workspace. Only the ids with a bias or a count change; each subtracts its
+// penalties in one expression, so the order the counts are found in does
+// not matter.
+const float* adjusted_logits(const std::vector<float>& logits, const SamplingParams& s,
+                             std::span<const int32_t> generated) {
+  const int64_t V = int64_t(logits.size());
+  float* const l = workspace<float>(Buf::kSamplerLogits, size_t(V));
+  std::copy(logits.begin(), logits.end(), l);
+  s.check(V);
+  for (const auto& [id, bias] : s.logit_bias) l[id] += bias;
+  if (s.presence_penalty == 0 && s.frequency_penalty == 0) return l;
+  std::vector<int32_t> ids(generated.begin(), generated.end());
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0, j = 0; i < ids.size(); i = j) {
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    if (ids[i] < 0 || ids[i] >= V)
+      throw Error("sample: generated token " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                  std::to_string(V) + ")");
+    l[ids[i]] -= float(j - i) * s.frequency_penalty + s.presence_penalty;
+  }
+  return l;
+}
+
 }  // namespace
 
 int32_t argmax(const float* v, int64_t n) {
@@ -127,12 +149,29 @@ int32_t argmax(const float* v, int64_t n) {
   return int32_t(best);
 }
 
-void SamplingParams::check() const {
+void SamplingParams::check(int64_t vocab) const {
   if (!std::isfinite(temperature) || temperature < 0)
     throw Error("--temp must be a finite number >= 0, got " + std::to_string(temperature));
   if (top_k < 0) throw Error("--top-k must be >= 0, got " + std::to_string(top_k));
   if (!(top_p > 0 && top_p <= 1)) throw Error("--top-p must be in (0, 1], got " + std::to_string(top_p));
   if (!(min_p >= 0 && min_p <= 1)) throw Error("--min-p must be in [0, 1], got " + std::to_string(min_p));
+  if (!(presence_penalty >= -2 && presence_penalty <= 2))
+    throw Error("--presence-penalty must be in [-2, 2], got " + std::to_string(presence_penalty));
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2))
+    throw Error("--frequency-penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
+  std::vector<int32_t> ids;
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || id >= vocab)
+      throw Error("--logit-bias: token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(vocab) + ")");
+    if (!(bias >= -100 && bias <= 100))
+      throw Error("--logit-bias: the bias of token " + std::to_string(id) + " must be in [-100, 100], got " +
+                  std::to_string(bias));
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (const auto twice = std::adjacent_find(ids.begin(), ids.end()); twice != ids.end())
+    throw Error("--logit-bias: token " + std::to_string(*twice) + " is given twice");
 }
 
 double counter_uniform(uint64_t seed, int64_t position) {
@@ -140,14 +179,16 @@ double counter_uniform(uint64_t seed, int64_t position) {
   return double(h >> 11) * 0x1.0p-53;
 }
 
-int32_t sample(const std::vector<float>& logits, const SamplingParams& s, int64_t position) {
-  if (logits.empty()) throw Error("sample: empty logits");
-  const int32_t best = greedy(logits);
-  if (s.temperature == 0 || !std::isfinite(logits[size_t(best)])) return best;
+int32_t sample(const std::vector<float>& logits_in, const SamplingParams& s, int64_t position,
+               std::span<const int32_t> generated) {
+  if (logits_in.empty()) throw Error("sample: empty logits");
+  const size_t V = logits_in.size();
+  const float* const logits = s.adjusts_logits() ? adjusted_logits(logits_in, s, generated) : logits_in.data();
+  const int32_t best = argmax(logits, int64_t(V));
+  if (s.temperature == 0 || !std::isfinite(logits[best])) return best;
   // Weights relative to the largest logit's, which is exactly 1: the filters
   // and the draw are ratios, so they need no normalisation.
-  const double t = s.temperature, top = double(logits[size_t(best)]);
-  const size_t V = logits.size();
+  const double t = s.temperature, top = double(logits[best]);
   double* const w = workspace<double>(Buf::kSamplerWeights, V);
   for (size_t i = 0; i < V; ++i) w[i] = std::exp((double(logits[i]) - top) / t);
   const bool ranked = (s.top_k > 0 && size_t(s.top_k) < V) || s.top_p < 1;

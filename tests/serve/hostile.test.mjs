@@ -118,8 +118,12 @@ const rows = [
   ['thinking of the wrong type', '/v1/chat/completions', chat({ thinking: 'yes' }), ...E400, 'invalid_type'],
   ['thinking type unknown', '/v1/chat/completions', chat({ thinking: { type: 'maybe' } }), ...E400, 'invalid_value'],
   ['reasoning_effort unknown', '/v1/chat/completions', chat({ reasoning_effort: 'extreme' }), ...E400, 'invalid_value', 'reasoning_effort'],
-  ['presence_penalty not 0', '/v1/chat/completions', chat({ presence_penalty: 0.5 }), ...E400, 'invalid_value', 'presence_penalty'],
-  ['frequency_penalty not 0', '/v1/chat/completions', chat({ frequency_penalty: 1 }), ...E400, 'invalid_value', 'frequency_penalty'],
+  ['presence_penalty over 2', '/v1/chat/completions', chat({ presence_penalty: 2.5 }), ...E400, 'invalid_value', 'presence_penalty'],
+  ['frequency_penalty under -2', '/v1/chat/completions', chat({ frequency_penalty: -3 }), ...E400, 'invalid_value', 'frequency_penalty'],
+  ['logit_bias of the wrong type', '/v1/chat/completions', chat({ logit_bias: [1] }), ...E400, 'invalid_type', 'logit_bias'],
+  ['logit_bias key not a token id', '/v1/chat/completions', chat({ logit_bias: { hello: 1 } }), ...E400, 'invalid_value', 'logit_bias'],
+  ['logit_bias token out of the vocabulary', '/v1/chat/completions', chat({ logit_bias: { 999999999: 1 } }), ...E400, 'invalid_value', 'logit_bias'],
+  ['logit_bias over 100', '/v1/chat/completions', chat({ logit_bias: { 5: 150 } }), ...E400, 'invalid_value', 'logit_bias'],
   ['stream_options of the wrong type', '/v1/chat/completions', chat({ stream: true, stream_options: 3 }), ...E400, 'invalid_type', 'stream_options'],
   ['prompt over the context limit', '/v1/chat/completions', chat({ messages: [user('word '.repeat(400))] }), ...E400, 'context_length_exceeded'],
   ['unknown model', '/v1/chat/completions', chat({ model: 'gpt-4' }), 404, 'invalid_request_error', 'model_not_found', 'model'],
@@ -292,8 +296,9 @@ function randomValue(depth = 0) {
 }
 
 const FIELDS_CHAT = ['model', 'messages', 'tools', 'tool_choice', 'thinking', 'reasoning_effort', 'max_tokens', 'max_completion_tokens', 'temperature',
-  'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stream', 'stream_options', 'logprobs', 'top_logprobs', 'n', 'ignore_eos', 'return_token_ids', 'presence_penalty'];
-const FIELDS_CMPL = ['model', 'prompt', 'max_tokens', 'temperature', 'top_p', 'seed', 'stop', 'stream', 'logprobs', 'echo', 'suffix', 'ignore_eos', 'return_token_ids'];
+  'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stream', 'stream_options', 'logprobs', 'top_logprobs', 'n', 'ignore_eos', 'return_token_ids', 'presence_penalty', 'frequency_penalty', 'logit_bias'];
+const FIELDS_CMPL = ['model', 'prompt', 'max_tokens', 'temperature', 'top_p', 'seed', 'stop', 'stream', 'logprobs', 'echo', 'suffix', 'ignore_eos', 'return_token_ids',
+  'presence_penalty', 'logit_bias'];
 
 // A random request: a valid one with a few fields replaced, dropped or
 // added. Generation stays short: max_tokens is never dropped and is

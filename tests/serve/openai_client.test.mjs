@@ -216,6 +216,23 @@ test('seed: the same seed gives the same text, other seeds other texts (temperat
             'requests without a seed all gave one text');
 });
 
+test('logit_bias steers the choice: +100 makes every token that id, -100 on the greedy pick leaves the runner-up', async () => {
+  const req = { model: M, messages: [user('Name a colour.')], max_tokens: 6, temperature: 0, ignore_eos: true, return_token_ids: true };
+  const forced = await client.chat.completions.create({ ...req, logit_bias: { 1000: 100 } });
+  assert.deepEqual(forced.choices[0].token_ids, Array(6).fill(1000));
+  // The logprobs are the model's (before biases): the runner-up is top_logprobs[1].
+  const plain = await client.chat.completions.create({ ...req, max_tokens: 1, logprobs: true, top_logprobs: 2 });
+  const [first, second] = plain.choices[0].logprobs.content[0].top_logprobs;
+  assert.ok(first.logprob > second.logprob, 'no tie at the top');
+  const moved = await client.chat.completions.create({ ...req, max_tokens: 1, logprobs: true, logit_bias: { [plain.choices[0].token_ids[0]]: -100 } });
+  assert.equal(moved.choices[0].logprobs.content[0].token, second.token);
+  // Penalties are accepted and reproducible (the load test checks them in a batch).
+  const penalised = { ...req, max_tokens: 12, presence_penalty: 1.5, frequency_penalty: 0.5 };
+  const a = await client.chat.completions.create(penalised);
+  const b = await client.chat.completions.create(penalised);
+  assert.deepEqual(b.choices[0].token_ids, a.choices[0].token_ids);
+});
+
 test('the second turn of a conversation reuses the first: cached_tokens > 0', async () => {
   const turn1 = [{ role: 'system', content: 'You are a helpful assistant who answers at length.' }, user('Describe a cat in detail.')];
   const r1 = await client.chat.completions.create({ model: M, messages: turn1, max_tokens: 12, temperature: 0 });

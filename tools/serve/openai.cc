@@ -1,6 +1,7 @@
 #include "serve/openai.h"
 
 #include <algorithm>
+#include <charconv>
 #include <limits>
 
 #include "core/error.h"
@@ -11,6 +12,7 @@ namespace {
 
 constexpr int kMaxTopLogprobs = 20;
 constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxLogitBias = 1024;  // entries: every draw applies them
 
 // ---- Fields ------------------------------------------------------------------------
 
@@ -68,11 +70,11 @@ void check_model(const ojson& body, const ModelInfo& model) {
 // error names the request's field rather than the command line's option.
 // `option` is the command line's name for it, which check() uses.
 template <class Set>
-void check_sampling(const char* param, const std::string& option, Set set) {
+void check_sampling(const char* param, const std::string& option, int64_t vocab, Set set) {
   SamplingParams p;
   set(p);
   try {
-    p.check();
+    p.check(vocab);
   } catch (const Error& e) {
     std::string message = e.what();
     if (const size_t at = message.find(option); at != std::string::npos) message.replace(at, option.size(), param);
@@ -80,23 +82,48 @@ void check_sampling(const char* param, const std::string& option, Set set) {
   }
 }
 
-SamplingParams read_sampling(const ojson& body, uint64_t seed) {
+// logit_bias: {"ID": BIAS, ...}, the ids as decimal strings (OpenAI's
+// shape, since JSON keys are strings).
+std::vector<std::pair<int32_t, float>> read_logit_bias(const ojson& body) {
+  const ojson* v = field(body, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object()) throw invalid_type("logit_bias", "an object mapping token ids to numbers");
+  if (v->size() > kMaxLogitBias)
+    throw invalid_value("logit_bias", "logit_bias takes at most " + std::to_string(kMaxLogitBias) + " tokens");
+  std::vector<std::pair<int32_t, float>> bias;
+  for (const auto& [key, value] : v->items()) {
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size())
+      throw invalid_value("logit_bias", "logit_bias keys must be token ids, got '" + key + "'");
+    if (!value.is_number()) throw invalid_type("logit_bias." + key, "a number");
+    bias.emplace_back(id, float(value.get<double>()));
+  }
+  return bias;
+}
+
+SamplingParams read_sampling(const ojson& body, uint64_t seed, int64_t vocab) {
   SamplingParams s;
   s.temperature = float(get_number(body, "temperature").value_or(1.0));
-  check_sampling("temperature", "--temp", [&](SamplingParams& p) { p.temperature = s.temperature; });
+  check_sampling("temperature", "--temp", vocab, [&](SamplingParams& p) { p.temperature = s.temperature; });
   s.top_p = float(get_number(body, "top_p").value_or(1.0));
-  check_sampling("top_p", "--top-p", [&](SamplingParams& p) { p.top_p = s.top_p; });
+  check_sampling("top_p", "--top-p", vocab, [&](SamplingParams& p) { p.top_p = s.top_p; });
   s.top_k = int(get_int(body, "top_k", 0, std::numeric_limits<int>::max()).value_or(0));
   s.min_p = float(get_number(body, "min_p").value_or(0.0));
-  check_sampling("min_p", "--min-p", [&](SamplingParams& p) { p.min_p = s.min_p; });
+  check_sampling("min_p", "--min-p", vocab, [&](SamplingParams& p) { p.min_p = s.min_p; });
   s.seed = seed;
   if (const ojson* v = field(body, "seed")) {
     if (!v->is_number_integer()) throw invalid_type("seed", "an integer");
     s.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
   }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
-    if (get_number(body, penalty).value_or(0.0) != 0.0)
-      throw invalid_value(penalty, std::string(penalty) + " is not supported (only 0)");
+  s.presence_penalty = float(get_number(body, "presence_penalty").value_or(0.0));
+  check_sampling("presence_penalty", "--presence-penalty", vocab,
+                 [&](SamplingParams& p) { p.presence_penalty = s.presence_penalty; });
+  s.frequency_penalty = float(get_number(body, "frequency_penalty").value_or(0.0));
+  check_sampling("frequency_penalty", "--frequency-penalty", vocab,
+                 [&](SamplingParams& p) { p.frequency_penalty = s.frequency_penalty; });
+  s.logit_bias = read_logit_bias(body);
+  check_sampling("logit_bias", "--logit-bias", vocab, [&](SamplingParams& p) { p.logit_bias = s.logit_bias; });
   return s;
 }
 
@@ -124,7 +151,7 @@ std::vector<std::string> read_stops(const ojson& body, const ModelInfo& model) {
 void read_common(const ojson& body, const ModelInfo& model, uint64_t seed, ApiRequest* r) {
   if (get_int(body, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()).value_or(1) != 1)
     throw invalid_value("n", "only n = 1 is supported");
-  r->generation.sampling = read_sampling(body, seed);
+  r->generation.sampling = read_sampling(body, seed, model.vocab_size);
   r->generation.stop = read_stops(body, model);
   r->generation.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   r->stream = get_bool(body, "stream").value_or(false);

@@ -190,7 +190,7 @@ void Scheduler::Impl::check(const GenerationRequest& r, Job* job) const {
   validate_prompt(engine.config(), r.prompt, limit);
   if (r.max_tokens < 1) throw Error("max_tokens must be >= 1");
   if (r.top_logprobs < -1 || r.top_logprobs > 20) throw Error("top_logprobs must be between 0 and 20");
-  r.sampling.check();
+  r.sampling.check(engine.config().vocab_size);
   if (!r.stop.empty() && !engine.tokenizer()) throw Error("stop strings need the model's tokenizer.json");
   // The first token comes from the prompt's logits: K tokens take n + K - 1
   // positions, and remember_answer one more where the limit leaves it.
@@ -430,7 +430,8 @@ void Scheduler::Impl::take_tokens(const std::vector<Job*>& jobs, const std::vect
     const std::vector<float>& logits = results[drawing[size_t(d)]].logits;
     try {
       const int64_t position = int64_t(job.req.prompt.size() + job.generated.size());
-      drawn[size_t(d)] = token_with_logprobs(sample(logits, job.req.sampling, position), logits, job.req.top_logprobs);
+      const int32_t id = sample(logits, job.req.sampling, position, job.generated);
+      drawn[size_t(d)] = token_with_logprobs(id, logits, job.req.top_logprobs);
     } catch (const std::exception& e) {
       failed[size_t(d)] = e.what();
     }
