@@ -260,6 +260,26 @@ TEST(ChatFormat, ToolCallParameters) {
             std::string::npos);
 }
 
+// The opening a required tool call is forced to write is the encoder's own
+// (an assistant turn that only calls renders it right after </think>), and
+// the parser takes a completion that starts with it as a call.
+TEST(ChatFormat, ToolCallOpeningIsTheEncodersAndParses) {
+  ojson a = assistant("", "");
+  a["tool_calls"] = ojson::array({call("c", "get_time", R"({"tz": "UTC"})")});
+  const std::string rendered = encode_messages(msgs({msg("user", "Q"), a}), kChat);
+  const std::string after_think = std::string(kThinkingEndToken) + tool_call_opening("get_time");
+  EXPECT_NE(rendered.find(after_think), std::string::npos) << rendered;
+  const std::string opening = tool_call_opening("");
+  EXPECT_EQ(tool_call_opening("get_time").substr(0, opening.size()), opening);
+  const std::string rest = "get_time\">\n<｜DSML｜parameter name=\"tz\" string=\"true\">UTC</｜DSML｜parameter>\n"
+                           "</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + std::string(kEosToken);
+  const ParsedCompletion p = parse_completion(opening + rest, ThinkingMode::kChat);
+  ASSERT_EQ(p.tool_calls.size(), 1u);
+  EXPECT_EQ(p.tool_calls[0].name, "get_time");
+  EXPECT_EQ(p.tool_calls[0].arguments, R"({"tz": "UTC"})");
+  EXPECT_EQ(p.content, "");
+}
+
 // Before the last user turn, a developer turn is left out in thinking mode
 // (when reasoning is dropped); chat mode keeps it.
 TEST(ChatFormat, EarlierDeveloperTurnsDroppedWithThinking) {

@@ -210,6 +210,35 @@ TEST_F(ServeOpenAI, ToolsGoInThePromptUnlessToolChoiceNone) {
   EXPECT_EQ(none, model.tokenizer->decode(chat(hello()).generation.prompt));
 }
 
+// tool_choice "required" or a named function: the answer is made to open a
+// tool-call block, at once (chat) or after </think> (thinking); the prompt
+// is the one "auto" gives.
+TEST_F(ServeOpenAI, ToolChoiceRequiredOrNamedForcesACallsOpening) {
+  const ojson tools = ojson::array(
+      {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}},
+       {{"type", "function"}, {"function", {{"name", "get_time"}, {"parameters", {{"type", "object"}}}}}}});
+  const ojson body = with(hello(), "tools", tools);
+  const ApiRequest automatic = chat(body);
+  EXPECT_TRUE(automatic.generation.forced.empty());
+  const ApiRequest required = chat(with(body, "tool_choice", "required"));
+  EXPECT_EQ(required.generation.prompt, automatic.generation.prompt);
+  EXPECT_EQ(model.tokenizer->decode(required.generation.forced), tool_call_opening(""));
+  EXPECT_TRUE(tool_call_opening("").ends_with("invoke name=\""));
+  EXPECT_EQ(required.generation.forced_after, -1);
+  const ojson named = {{"type", "function"}, {"function", {{"name", "get_time"}}}};
+  const ApiRequest one = chat(with(with(body, "tool_choice", named), "thinking", {{"type", "enabled"}}));
+  EXPECT_EQ(model.tokenizer->decode(one.generation.forced), tool_call_opening("get_time"));
+  EXPECT_TRUE(tool_call_opening("get_time").ends_with("invoke name=\"get_time\">\n"));
+  EXPECT_EQ(model.tokenizer->decode(std::vector<int32_t>{one.generation.forced_after}), std::string(kThinkingEndToken));
+  const Endpoint c = Endpoint::kChat;
+  expect_error(c, with(hello(), "tool_choice", "required"), 400, "invalid_value", "tool_choice");
+  expect_error(c, with(body, "tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}), 400,
+               "invalid_value", "tool_choice");
+  expect_error(c, with(body, "tool_choice", {{"type", 3}, {"function", {{"name", "get_time"}}}}), 400,
+               "invalid_value", "tool_choice");
+  expect_error(c, with(body, "tool_choice", 5), 400, "invalid_type", "tool_choice");
+}
+
 TEST_F(ServeOpenAI, CompletionPrompts) {
   const ApiRequest text = completion(ojson{{"model", "m"}, {"prompt", "Once upon"}});
   EXPECT_EQ(text.generation.prompt.front(), model.bos_id);

@@ -497,6 +497,9 @@ std::string render_call_parameters(const Call& call, const std::string& where) {
   return out;
 }
 
+// One call's first line.
+std::string invoke_line(std::string_view name) { return std::string(kInvokeOpen) + " name=\"" + std::string(name) + "\">\n"; }
+
 std::string render_tool_calls(const Message& m) {
   std::string out = "\n\n";
   out += kToolCallsOpen;
@@ -504,7 +507,7 @@ std::string render_tool_calls(const Message& m) {
   for (size_t i = 0; i < m.tool_calls.size(); ++i) {
     const Call& c = m.tool_calls[i];
     if (i) out += '\n';
-    out += "<｜DSML｜invoke name=\"" + c.name + "\">\n";
+    out += invoke_line(c.name);
     out += render_call_parameters(c, m.where + ".tool_calls[" + std::to_string(i) + "]");
     out += "\n</｜DSML｜invoke>";
   }
@@ -807,6 +810,12 @@ ParsedCompletion parse_completion(std::string_view text, ThinkingMode mode, std:
   return r;
 }
 
+std::string tool_call_opening(std::string_view name) {
+  std::string out = "\n\n" + std::string(kToolCallsOpen) + "\n";
+  if (!name.empty()) return out + invoke_line(name);
+  std::string line = invoke_line("");
+  return out + line.substr(0, line.size() - 3);  // up to name="
+}
 
 // ---- Streaming ------------------------------------------------------------------------------
 namespace {

@@ -75,6 +75,12 @@ struct EncodeOptions {
 // assistant prefix: <｜Assistant｜><think> in thinking mode, <｜Assistant｜></think> in chat mode.
 std::string encode_messages(const nlohmann::ordered_json& messages, const EncodeOptions& options = {});
 
+// The opening of an assistant's tool-call block as encode_messages()
+// renders it (what a tool call in a completion starts with): through the
+// first call's name and its line break, or, with an empty name, up to the
+// name's opening quote.
+std::string tool_call_opening(std::string_view name);
+
 struct ToolCall {
   std::string id;         // given by the parser: id_prefix + the call's index in the completion
   std::string name;

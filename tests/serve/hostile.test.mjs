@@ -115,6 +115,8 @@ const rows = [
   ['n = 0', '/v1/chat/completions', chat({ n: 0 }), ...E400, 'invalid_value', 'n'],
   ['tools of the wrong type', '/v1/chat/completions', chat({ tools: 'x' }), ...E400, 'invalid_type', 'tools'],
   ['tool_choice unknown', '/v1/chat/completions', chat({ tool_choice: 'sometimes' }), ...E400, 'invalid_value', 'tool_choice'],
+  ['tool_choice required without tools', '/v1/chat/completions', chat({ tool_choice: 'required' }), ...E400, 'invalid_value', 'tool_choice'],
+  ['tool_choice naming no tool', '/v1/chat/completions', chat({ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }), ...E400, 'invalid_value', 'tool_choice'],
   ['thinking of the wrong type', '/v1/chat/completions', chat({ thinking: 'yes' }), ...E400, 'invalid_type'],
   ['thinking type unknown', '/v1/chat/completions', chat({ thinking: { type: 'maybe' } }), ...E400, 'invalid_value'],
   ['reasoning_effort unknown', '/v1/chat/completions', chat({ reasoning_effort: 'extreme' }), ...E400, 'invalid_value', 'reasoning_effort'],

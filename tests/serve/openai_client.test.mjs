@@ -233,6 +233,28 @@ test('logit_bias steers the choice: +100 makes every token that id, -100 on the 
   assert.deepEqual(b.choices[0].token_ids, a.choices[0].token_ids);
 });
 
+test('tool_choice required or named: the answer opens a tool-call block (after </think> when thinking)', async () => {
+  const tokenize = async (content) => {
+    const res = await fetch(`${s.url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ content, add_special: false }) });
+    return (await res.json()).tokens;
+  };
+  const tools = [{ type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { tz: { type: 'string' } } } } }];
+  const req = { model: M, messages: [user('What time is it?')], tools, max_tokens: 24, temperature: 0, ignore_eos: true, return_token_ids: true };
+  const opening = await tokenize('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="');
+  const required = await client.chat.completions.create({ ...req, tool_choice: 'required' });
+  assert.deepEqual(required.choices[0].token_ids.slice(0, opening.length), opening);
+  // Thinking: the reasoning is the model's; a +100 bias makes it end at once.
+  const [thinkEnd] = await tokenize('</think>');
+  const named = await tokenize('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">\n');
+  const thinking = await client.chat.completions.create({ ...req, thinking: { type: 'enabled' }, logit_bias: { [thinkEnd]: 100 },
+    tool_choice: { type: 'function', function: { name: 'get_time' } } });
+  const ids = thinking.choices[0].token_ids;
+  assert.equal(ids[0], thinkEnd);
+  assert.deepEqual(ids.slice(1, 1 + named.length), named);
+  await assert.rejects(client.chat.completions.create({ ...req, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+    (e) => e.status === 400 && e.param === 'tool_choice');
+});
+
 test('the second turn of a conversation reuses the first: cached_tokens > 0', async () => {
   const turn1 = [{ role: 'system', content: 'You are a helpful assistant who answers at length.' }, user('Describe a cat in detail.')];
   const r1 = await client.chat.completions.create({ model: M, messages: turn1, max_tokens: 12, temperature: 0 });

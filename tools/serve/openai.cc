@@ -186,16 +186,57 @@ ReasoningEffort read_effort(const ojson& body) {
   throw invalid_value("reasoning_effort", "reasoning_effort must be low, medium, high, max or xhigh, got '" + *e + "'");
 }
 
+// tool_choice: "auto" (the default: the model decides), "none" (the tools
+// stay out of the prompt), "required" (a call to one of them) or
+// {"type": "function", "function": {"name": N}} (a call to N).
+struct ToolChoice {
+  enum class Kind { kAuto, kNone, kRequired, kNamed } kind = Kind::kAuto;
+  std::string name;  // kNamed
+};
+
+// The name of each tool, OpenAI's {"type": "function", "function": {"name"}}.
+bool has_tool_named(const ojson& tools, const std::string& name) {
+  return std::any_of(tools.begin(), tools.end(), [&](const ojson& t) {
+    const ojson* fn = t.is_object() ? field(t, "function") : nullptr;
+    const ojson* n = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+    return n && n->is_string() && *n == name;
+  });
+}
+
+ToolChoice read_tool_choice(const ojson& body) {
+  const ojson* v = field(body, "tool_choice");
+  if (!v) return {};
+  const ojson* tools = field(body, "tools");
+  const bool has_tools = tools && tools->is_array() && !tools->empty();
+  const std::string expected = "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                               "\"function\": {\"name\": NAME}}";
+  if (v->is_string()) {
+    const std::string c = v->get<std::string>();
+    if (c == "auto") return {};
+    if (c == "none") return {ToolChoice::Kind::kNone, ""};
+    if (c != "required") throw invalid_value("tool_choice", expected);
+    if (!has_tools) throw invalid_value("tool_choice", "tool_choice \"required\" needs tools");
+    return {ToolChoice::Kind::kRequired, ""};
+  }
+  if (!v->is_object()) throw invalid_type("tool_choice", "a string or an object");
+  const ojson* type = field(*v, "type");
+  const ojson* fn = field(*v, "function");
+  const ojson* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+  if (!type || *type != "function" || !name || !name->is_string() || name->get<std::string>().empty())
+    throw invalid_value("tool_choice", expected);
+  if (!has_tools || !has_tool_named(*tools, *name))
+    throw invalid_value("tool_choice", "tool_choice names the function '" + name->get<std::string>() +
+                                           "', which is not among the tools");
+  return {ToolChoice::Kind::kNamed, name->get<std::string>()};
+}
+
 // The messages with the request's tools on the first system (or developer)
 // message, where the V4 layout carries them; a system message is added in
 // front when there is none.
-ojson messages_with_tools(const ojson& body) {
+ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
   ojson messages = body["messages"];
   const ojson* tools = field(body, "tools");
-  const std::optional<std::string> choice = get_string(body, "tool_choice");
-  if (choice && *choice != "auto" && *choice != "none")
-    throw invalid_value("tool_choice", "tool_choice must be \"auto\" or \"none\"");
-  if (!tools || (choice && *choice == "none")) return messages;
+  if (!tools || choice.kind == ToolChoice::Kind::kNone) return messages;
   if (!tools->is_array()) throw invalid_type("tools", "an array");
   if (tools->empty()) return messages;
   for (ojson& m : messages)
@@ -205,6 +246,20 @@ ojson messages_with_tools(const ojson& body) {
     }
   messages.insert(messages.begin(), ojson{{"role", "system"}, {"content", ""}, {"tools", *tools}});
   return messages;
+}
+
+// A choice that requires a call makes the answer open a tool-call block
+// (the V4 encoding has no other way to ask for one): at once in chat mode,
+// after the reasoning's </think> in thinking mode. The model writes the
+// rest: the name (required) and the arguments.
+void force_tool_call(const ToolChoice& choice, const ModelInfo& model, ApiRequest* r) {
+  if (choice.kind != ToolChoice::Kind::kRequired && choice.kind != ToolChoice::Kind::kNamed) return;
+  r->generation.forced = model.tokenizer->encode(tool_call_opening(choice.name));
+  if (r->thinking != ThinkingMode::kThinking) return;
+  const std::vector<int32_t> end = model.tokenizer->encode(std::string(kThinkingEndToken));
+  if (end.size() != 1)
+    throw invalid_value("tool_choice", "the model's tokenizer has no single </think> token to require a call after");
+  r->generation.forced_after = end[0];
 }
 
 // The JSON types of each message's fields, as OpenAI checks them (the
@@ -242,14 +297,16 @@ std::vector<int32_t> chat_prompt(const ojson& body, const ModelInfo& model, ApiR
   EncodeOptions o;
   o.thinking_mode = r->thinking = read_thinking(body);
   o.reasoning_effort = read_effort(body);
+  const ToolChoice choice = read_tool_choice(body);
   std::string text;
   try {
-    text = encode_messages(messages_with_tools(body), o);
+    text = encode_messages(messages_with_tools(body, choice), o);
   } catch (const ApiError&) {
     throw;
   } catch (const Error& e) {
     throw message_error(e.what());
   }
+  force_tool_call(choice, model, r);
   return model.tokenizer->encode(text);
 }
 

@@ -88,7 +88,11 @@ struct Job {
   bool over = false;      // done with the engine: leaves at the next drop
   std::optional<TextStream> text;
   std::vector<int32_t> generated;
+  // The next of req.forced to write; -1 until req.forced_after is generated.
+  int64_t forced_at = -1;
   double first_token_seconds = 0;
+
+  bool forcing() const { return forced_at >= 0 && forced_at < int64_t(req.forced.size()); }
 };
 
 // What one step did, for the tokens/s of the last minute.
@@ -191,6 +195,8 @@ void Scheduler::Impl::check(const GenerationRequest& r, Job* job) const {
   if (r.max_tokens < 1) throw Error("max_tokens must be >= 1");
   if (r.top_logprobs < -1 || r.top_logprobs > 20) throw Error("top_logprobs must be between 0 and 20");
   r.sampling.check(engine.config().vocab_size);
+  for (const int32_t id : r.forced)
+    if (id < 0 || id >= engine.config().vocab_size) throw Error("forced token " + std::to_string(id) + " is outside the vocabulary");
   if (!r.stop.empty() && !engine.tokenizer()) throw Error("stop strings need the model's tokenizer.json");
   // The first token comes from the prompt's logits: K tokens take n + K - 1
   // positions, and remember_answer one more where the limit leaves it.
@@ -335,6 +341,7 @@ void Scheduler::Impl::start(Job& job) {
   // cache did not already reach it.
   job.before_last_pending = job.req.remember_before_last && job.cached < n - 1;
   if (engine.tokenizer()) job.text.emplace(*engine.tokenizer(), job.req.stop);
+  job.forced_at = job.req.forced_after < 0 ? 0 : -1;
 }
 
 // A prefilling request appends the next part of its prompt that the step's
@@ -430,7 +437,8 @@ void Scheduler::Impl::take_tokens(const std::vector<Job*>& jobs, const std::vect
     const std::vector<float>& logits = results[drawing[size_t(d)]].logits;
     try {
       const int64_t position = int64_t(job.req.prompt.size() + job.generated.size());
-      const int32_t id = sample(logits, job.req.sampling, position, job.generated);
+      const int32_t id = job.forcing() ? job.req.forced[size_t(job.forced_at)]
+                                       : sample(logits, job.req.sampling, position, job.generated);
       drawn[size_t(d)] = token_with_logprobs(id, logits, job.req.top_logprobs);
     } catch (const std::exception& e) {
       failed[size_t(d)] = e.what();
@@ -467,6 +475,10 @@ void Scheduler::Impl::take_token(Job& job, TokenOut t) {
   const int64_t i = int64_t(job.generated.size());
   const int32_t id = t.id;
   job.generated.push_back(id);
+  if (job.forcing())
+    ++job.forced_at;
+  else if (job.forced_at < 0 && id == job.req.forced_after)
+    job.forced_at = 0;
   if (i == 0) job.first_token_seconds = seconds_between(job.submitted, Clock::now());
   const bool eos = !job.req.ignore_eos && id == engine.config().eos_token_id;
   std::string text;

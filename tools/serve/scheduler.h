@@ -54,6 +54,13 @@ struct GenerationRequest {
   // layout parts there).
   bool remember_answer = true;
   bool remember_before_last = false;
+  // Tokens the answer is made to write (a tool_choice that requires a call:
+  // the opening of a DSML tool-call block). From the answer's start, or
+  // once the answer has generated `forced_after` (thinking mode: </think>),
+  // the next tokens are these instead of draws, then drawing resumes. They
+  // count against max_tokens like any other.
+  std::vector<int32_t> forced;
+  int32_t forced_after = -1;  // -1: from the start
 };
 
 // One generated token.
