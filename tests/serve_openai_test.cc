@@ -239,6 +239,33 @@ TEST_F(ServeOpenAI, ToolChoiceRequiredOrNamedForcesACallsOpening) {
   expect_error(c, with(body, "tool_choice", 5), 400, "invalid_type", "tool_choice");
 }
 
+// response_format goes on the system message, where the encoder renders it
+// (one is added in front when there is none); "text" changes nothing.
+TEST_F(ServeOpenAI, ResponseFormatGoesToTheSystemMessage) {
+  const ojson schema = {{"type", "json_schema"},
+                        {"json_schema", {{"name", "answer"}, {"schema", {{"type", "object"}}}}}};
+  const std::string plain = model.tokenizer->decode(chat(hello()).generation.prompt);
+  EXPECT_EQ(model.tokenizer->decode(chat(with(hello(), "response_format", {{"type", "text"}})).generation.prompt), plain);
+  const std::string json_mode =
+      model.tokenizer->decode(chat(with(hello(), "response_format", {{"type", "json_object"}})).generation.prompt);
+  ojson system = hello();
+  system["messages"].insert(system["messages"].begin(),
+                            ojson{{"role", "system"}, {"content", ""}, {"response_format", {{"type", "json_object"}}}});
+  system.erase("response_format");
+  EXPECT_EQ(json_mode, model.tokenizer->decode(chat(system).generation.prompt));
+  EXPECT_NE(json_mode.find("## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
+                           "{\"type\": \"json_object\"}"),
+            std::string::npos)
+      << json_mode;
+  const std::string with_schema = model.tokenizer->decode(chat(with(hello(), "response_format", schema)).generation.prompt);
+  EXPECT_NE(with_schema.find("\"json_schema\": {\"name\": \"answer\""), std::string::npos) << with_schema;
+  const Endpoint c = Endpoint::kChat;
+  expect_error(c, with(hello(), "response_format", "json"), 400, "invalid_type", "response_format");
+  expect_error(c, with(hello(), "response_format", {{"type", "xml"}}), 400, "invalid_value", "response_format");
+  expect_error(c, with(hello(), "response_format", {{"type", "json_schema"}}), 400, "invalid_type",
+               "response_format.json_schema");
+}
+
 TEST_F(ServeOpenAI, CompletionPrompts) {
   const ApiRequest text = completion(ojson{{"model", "m"}, {"prompt", "Once upon"}});
   EXPECT_EQ(text.generation.prompt.front(), model.bos_id);

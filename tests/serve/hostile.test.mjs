@@ -115,6 +115,8 @@ const rows = [
   ['n = 0', '/v1/chat/completions', chat({ n: 0 }), ...E400, 'invalid_value', 'n'],
   ['tools of the wrong type', '/v1/chat/completions', chat({ tools: 'x' }), ...E400, 'invalid_type', 'tools'],
   ['tool_choice unknown', '/v1/chat/completions', chat({ tool_choice: 'sometimes' }), ...E400, 'invalid_value', 'tool_choice'],
+  ['response_format of the wrong type', '/v1/chat/completions', chat({ response_format: 'json' }), ...E400, 'invalid_type', 'response_format'],
+  ['response_format type unknown', '/v1/chat/completions', chat({ response_format: { type: 'yaml' } }), ...E400, 'invalid_value', 'response_format'],
   ['tool_choice required without tools', '/v1/chat/completions', chat({ tool_choice: 'required' }), ...E400, 'invalid_value', 'tool_choice'],
   ['tool_choice naming no tool', '/v1/chat/completions', chat({ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }), ...E400, 'invalid_value', 'tool_choice'],
   ['thinking of the wrong type', '/v1/chat/completions', chat({ thinking: 'yes' }), ...E400, 'invalid_type'],
@@ -298,7 +300,7 @@ function randomValue(depth = 0) {
 }
 
 const FIELDS_CHAT = ['model', 'messages', 'tools', 'tool_choice', 'thinking', 'reasoning_effort', 'max_tokens', 'max_completion_tokens', 'temperature',
-  'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stream', 'stream_options', 'logprobs', 'top_logprobs', 'n', 'ignore_eos', 'return_token_ids', 'presence_penalty', 'frequency_penalty', 'logit_bias'];
+  'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stream', 'stream_options', 'logprobs', 'top_logprobs', 'n', 'ignore_eos', 'return_token_ids', 'presence_penalty', 'frequency_penalty', 'logit_bias', 'response_format'];
 const FIELDS_CMPL = ['model', 'prompt', 'max_tokens', 'temperature', 'top_p', 'seed', 'stop', 'stream', 'logprobs', 'echo', 'suffix', 'ignore_eos', 'return_token_ids',
   'presence_penalty', 'logit_bias'];
 

@@ -255,6 +255,15 @@ test('tool_choice required or named: the answer opens a tool-call block (after <
     (e) => e.status === 400 && e.param === 'tool_choice');
 });
 
+test('response_format reaches the prompt (the system message\'s Response Format section); text adds nothing', async () => {
+  const req = { model: M, messages: [user('Give me a JSON object.')], max_tokens: 2, temperature: 0 };
+  const plain = (await client.chat.completions.create(req)).usage.prompt_tokens;
+  assert.equal((await client.chat.completions.create({ ...req, response_format: { type: 'text' } })).usage.prompt_tokens, plain);
+  const schema = { type: 'json_schema', json_schema: { name: 'answer', schema: { type: 'object', properties: { a: { type: 'string' } } } } };
+  assert.ok((await client.chat.completions.create({ ...req, response_format: schema })).usage.prompt_tokens > plain + 20);
+  await assert.rejects(client.chat.completions.create({ ...req, response_format: { type: 'yaml' } }), (e) => e.status === 400);
+});
+
 test('the second turn of a conversation reuses the first: cached_tokens > 0', async () => {
   const turn1 = [{ role: 'system', content: 'You are a helpful assistant who answers at length.' }, user('Describe a cat in detail.')];
   const r1 = await client.chat.completions.create({ model: M, messages: turn1, max_tokens: 12, temperature: 0 });

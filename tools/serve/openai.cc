@@ -230,21 +230,46 @@ ToolChoice read_tool_choice(const ojson& body) {
   return {ToolChoice::Kind::kNamed, name->get<std::string>()};
 }
 
-// The messages with the request's tools on the first system (or developer)
-// message, where the V4 layout carries them; a system message is added in
-// front when there is none.
+// response_format: {"type": "text"} (nothing), {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {...}}; null when it asks for
+// nothing.
+const ojson* read_response_format(const ojson& body) {
+  const ojson* v = field(body, "response_format");
+  if (!v) return nullptr;
+  if (!v->is_object()) throw invalid_type("response_format", "an object");
+  const ojson* type = field(*v, "type");
+  if (!type || !type->is_string() || (*type != "text" && *type != "json_object" && *type != "json_schema"))
+    throw invalid_value("response_format", "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+  if (*type == "text") return nullptr;
+  if (*type == "json_schema") {
+    const ojson* schema = field(*v, "json_schema");
+    if (!schema || !schema->is_object()) throw invalid_type("response_format.json_schema", "an object");
+  }
+  return v;
+}
+
+// The messages with the request's tools and response_format on the first
+// system (or developer) message, where the V4 layout carries them (the
+// encoder renders them there); a system message is added in front when
+// there is none.
 ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
   ojson messages = body["messages"];
   const ojson* tools = field(body, "tools");
-  if (!tools || choice.kind == ToolChoice::Kind::kNone) return messages;
-  if (!tools->is_array()) throw invalid_type("tools", "an array");
-  if (tools->empty()) return messages;
+  if (tools && !tools->is_array()) throw invalid_type("tools", "an array");
+  if (tools && (tools->empty() || choice.kind == ToolChoice::Kind::kNone)) tools = nullptr;
+  const ojson* format = read_response_format(body);
+  if (!tools && !format) return messages;
+  auto carry = [&](ojson& m) {
+    if (tools) m["tools"] = *tools;
+    if (format) m["response_format"] = *format;
+  };
   for (ojson& m : messages)
     if (m.is_object() && (m.value("role", "") == "system" || m.value("role", "") == "developer")) {
-      m["tools"] = *tools;
+      carry(m);
       return messages;
     }
-  messages.insert(messages.begin(), ojson{{"role", "system"}, {"content", ""}, {"tools", *tools}});
+  messages.insert(messages.begin(), ojson{{"role", "system"}, {"content", ""}});
+  carry(messages[0]);
   return messages;
 }
 
