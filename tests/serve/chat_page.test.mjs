@@ -138,3 +138,43 @@ test('with #thinking checked the reasoning fills apart from the content', { time
   assert.deepEqual(errors, [], 'no script errors');
   await page.close();
 });
+
+// A page served from another origin (a node http server on another port)
+// calls the API from the browser: allowed when --cors-origin names its
+// origin (the preflight with the key's header passes, an error is readable),
+// refused by the browser when the server has no --cors-origin.
+test('a page from another origin calls the API with --cors-origin, and the browser refuses it without', async () => {
+  const http = await import('node:http');
+  const app = http.createServer((req, res) => { res.writeHead(200, { 'content-type': 'text/html' }); res.end('<!doctype html><title>app</title>'); });
+  await new Promise((resolve) => app.listen(0, '127.0.0.1', resolve));
+  const origin = `http://127.0.0.1:${app.address().port}`;
+  const api = await startServer(['--cors-origin', origin, '--api-key', 'k']);
+  const page = await browser.newPage();
+  try {
+    await page.goto(origin + '/');
+    const call = (url, key) => page.evaluate(async ({ url, key }) => {
+      try {
+        const r = await fetch(url + '/v1/chat/completions', {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', ...(key ? { authorization: 'Bearer ' + key } : {}) },
+          body: JSON.stringify({ model: 'default', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }),
+        });
+        return { status: r.status, body: await r.json() };
+      } catch (e) {
+        return { failed: String(e) };
+      }
+    }, { url, key });
+    const ok = await call(api.url, 'k');
+    assert.equal(ok.status, 200, JSON.stringify(ok));
+    assert.equal(ok.body.object, 'chat.completion');
+    const wrongKey = await call(api.url, 'wrong');
+    assert.equal(wrongKey.status, 401, JSON.stringify(wrongKey));
+    assert.equal(wrongKey.body.error.code, 'invalid_api_key');
+    const refused = await call(s.url, null);
+    assert.ok(refused.failed, `the browser let a page from ${origin} read ${s.url}: ${JSON.stringify(refused)}`);
+  } finally {
+    await page.close();
+    await api.stop();
+    app.close();
+  }
+});

@@ -1,6 +1,6 @@
 // dsv4 serve through curl (docs/SERVER.md): chat (plain and streamed with
 // `curl -N`), completions (text and token-id prompts), /v1/models, /health,
-// /tokenize + /detokenize, /metrics.
+// /tokenize + /detokenize, /metrics, CORS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -87,6 +87,51 @@ test('GET /v1/models lists the served model', async () => {
   assert.equal(m.owned_by, 'dsv4');
   assert.ok(isInt(m.created) && m.created > 1.6e9 && m.created < Date.now() / 1000 + 60, `created ${m.created}`);
   assert.ok(isInt(m.max_model_len) && m.max_model_len > 0, `max_model_len ${m.max_model_len}`);
+});
+
+test('GET /v1/models/{id}: the served model, or 404 model_not_found', async () => {
+  const list = JSON.parse((await curl([`${s.url}/v1/models`])).body);
+  const r = await curl([`${s.url}/v1/models/default`]);
+  assert.equal(r.status, 200);
+  assert.deepEqual(JSON.parse(r.body), list.data[0]);
+  const missing = await curl([`${s.url}/v1/models/gpt-4`]);
+  assert.equal(missing.status, 404);
+  assert.equal(JSON.parse(missing.body).error.code, 'model_not_found');
+  assert.equal((await curl(['-X', 'POST', `${s.url}/v1/models/default`])).status, 405);
+});
+
+test('CORS: without --cors-origin a preflight is a 405 and no answer carries Access-Control headers', async () => {
+  const origin = ['-H', 'Origin: http://app.example:3000'];
+  const pre = await curl(['-X', 'OPTIONS', `${s.url}/v1/chat/completions`, ...origin, '-H', 'Access-Control-Request-Method: POST']);
+  assert.equal(pre.status, 405);
+  assert.equal(pre.headers['access-control-allow-origin'], undefined);
+  const r = await curl([`${s.url}/v1/models`, ...origin]);
+  assert.equal(r.status, 200);
+  assert.equal(r.headers['access-control-allow-origin'], undefined);
+});
+
+test('CORS: --cors-origin answers preflights (no key needed) and marks answers, errors too, for that origin only', async () => {
+  const app = 'http://app.example:3000';
+  const c = await startServer(['--cors-origin', app, '--api-key', 'k']);
+  try {
+    const pre = await curl(['-X', 'OPTIONS', `${c.url}/v1/chat/completions`, '-H', `Origin: ${app}`,
+      '-H', 'Access-Control-Request-Method: POST', '-H', 'Access-Control-Request-Headers: authorization, content-type']);
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers['access-control-allow-origin'], app);
+    assert.match(pre.headers['access-control-allow-methods'] ?? '', /POST/);
+    assert.match(pre.headers['access-control-allow-headers'] ?? '', /Authorization/i);
+    const ok = await curl([`${c.url}/v1/models`, '-H', `Origin: ${app}`, '-H', 'Authorization: Bearer k']);
+    assert.equal(ok.status, 200);
+    assert.equal(ok.headers['access-control-allow-origin'], app);
+    const denied = await curl([`${c.url}/v1/models`, '-H', `Origin: ${app}`]);
+    assert.equal(denied.status, 401);
+    assert.equal(denied.headers['access-control-allow-origin'], app);
+    const other = await curl(['-X', 'OPTIONS', `${c.url}/v1/models`, '-H', 'Origin: http://other.example', '-H', 'Access-Control-Request-Method: GET']);
+    assert.equal(other.status, 405);
+    assert.equal(other.headers['access-control-allow-origin'], undefined);
+  } finally {
+    await c.stop();
+  }
 });
 
 let plainChat;

@@ -30,6 +30,10 @@ cli::CommandSpec make_spec() {
   for (cli::OptionSpec& p : cli::prefix_cache_options(kDefaultPrefixCacheMb)) o.push_back(p);
   std::vector<cli::OptionSpec> more = {
       {"api-key", 0, "KEY", "every endpoint but / and /health needs the header Authorization: Bearer KEY"},
+      {"cors-origin", 0, "ORIGIN",
+       "let browser pages from ORIGIN (e.g. http://localhost:3000; * for any) call the API: CORS headers and "
+       "preflights (repeatable; default: none, only the chat page at / itself)",
+       {}, true},
       {"model-name", 0, "NAME",
        "the id in /v1/models and the model a request must name (default: the model directory's last component)"},
       {"max-body-mb", 0, "MB", "larger request bodies get 413 (default 8)"},
@@ -77,6 +81,11 @@ int run_serve(const cli::Options& a, const std::string& version) {
   if (a.has("prefill-chunk")) s.prefill_chunk = a.get_int_in("prefill-chunk", 0, 1, int64_t(1) << 30, "2^30");
   s.cache_pool_bytes = size_t(a.get_int_in("cache-pool-mb", 0, 0, kMaxMb, "2^30")) << 20;
   s.api_key = a.get("api-key");
+  s.cors_origins = a.get_all("cors-origin");
+  for (const std::string& o : s.cors_origins)
+    if (o != "*" && (!(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with("/")))
+      throw Error("--cors-origin takes * or an origin such as http://localhost:3000 (scheme, host, port; no path), got '" +
+                  o + "'");
   s.model_name = a.get("model-name");
   s.max_body_bytes = size_t(a.get_int_in("max-body-mb", 8, 1, 1 << 20, "2^20")) << 20;
   s.shutdown_timeout_seconds = seconds_option(a, "shutdown-timeout", s.shutdown_timeout_seconds);

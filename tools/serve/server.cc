@@ -71,6 +71,13 @@ const std::map<std::string, std::string> kRoutes = {
     {"/", "GET"},          {"/health", "GET"},           {"/v1/models", "GET"},
     {"/metrics", "GET"},   {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
     {"/tokenize", "POST"}, {"/detokenize", "POST"}};
+constexpr std::string_view kModelPrefix = "/v1/models/";  // GET /v1/models/{id}
+
+// The method `path` takes; empty for no endpoint.
+std::string route_method(const std::string& path) {
+  if (const auto route = kRoutes.find(path); route != kRoutes.end()) return route->second;
+  return path.size() > kModelPrefix.size() && path.starts_with(kModelPrefix) ? "GET" : "";
+}
 
 // The model directory's last component ("models/default/" → "default").
 std::string default_model_name(const std::string& dir) {
@@ -101,7 +108,10 @@ class Server {
                     const std::string& id);
   void answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::shared_ptr<RequestStream> stream,
                      const std::string& id);
+  ojson model_object() const;
   void handle_models(Response& res);
+  void handle_model(const std::string& id, Response& res);
+  bool cors(const Request& req, Response& res) const;
   void handle_metrics(Response& res);
   uint64_t fresh_seed();
 
@@ -155,6 +165,7 @@ void Server::add_routes() {
     send_json(res, loading ? 503 : 200, ojson{{"status", loading ? "loading" : "ok"}});
   });
   http_.Get("/v1/models", [this](const Request&, Response& res) { handle_models(res); });
+  http_.Get("/v1/models/(.+)", [this](const Request& req, Response& res) { handle_model(req.matches[1], res); });
   http_.Get("/metrics", [this](const Request&, Response& res) { handle_metrics(res); });
   http_.Post("/v1/chat/completions",
              [this](const Request& req, Response& res) { handle_generate(req, res, Endpoint::kChat); });
@@ -180,11 +191,19 @@ void Server::add_routes() {
 // there yet. `/` and `/health` are open to all at all times.
 httplib::Server::HandlerResponse Server::before_routing(const Request& req, Response& res) {
   using R = httplib::Server::HandlerResponse;
-  const auto route = kRoutes.find(req.path);
-  if (route == kRoutes.end()) return R::Unhandled;  // the router's 404, written by on_http_error
-  if (req.method != route->second) {
+  const std::string method = route_method(req.path);
+  if (method.empty()) return R::Unhandled;  // the router's 404, written by on_http_error
+  // Every answer to an allowed origin carries the CORS headers, errors too.
+  if (cors(req, res) && req.method == "OPTIONS") {  // a browser's preflight: no key needed
+    res.status = 204;
+    res.set_header("Access-Control-Allow-Methods", method + ", OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.set_header("Access-Control-Max-Age", "600");
+    return R::Handled;
+  }
+  if (req.method != method) {
     send_error(res, ApiError(405, "invalid_request_error", "method_not_allowed",
-                             req.method + " is not allowed on " + req.path + "; use " + route->second));
+                             req.method + " is not allowed on " + req.path + "; use " + method));
     return R::Handled;
   }
   if (req.path == "/" || req.path == "/health") return R::Unhandled;
@@ -198,6 +217,21 @@ httplib::Server::HandlerResponse Server::before_routing(const Request& req, Resp
     return R::Handled;
   }
   return R::Unhandled;
+}
+
+// With --cors-origin: when the request's Origin is one of them (or they
+// include *), the response says so, and true. Browsers send Origin on
+// cross-origin calls and enforce the answer; without a match they refuse
+// the page its response.
+bool Server::cors(const Request& req, Response& res) const {
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty() || options_.cors_origins.empty()) return false;
+  const auto& allowed = options_.cors_origins;
+  const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!any && std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) return false;
+  res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+  if (!any) res.set_header("Vary", "Origin");
+  return true;
 }
 
 // httplib's own errors (no route, body too large, a request it cannot
@@ -345,11 +379,23 @@ void Server::answer_stream(Response& res, std::shared_ptr<ApiRequest> r, std::sh
       });
 }
 
+ojson Server::model_object() const {
+  return ojson{{"id", model_.name}, {"object", "model"}, {"created", started_}, {"owned_by", "dsv4"},
+               {"max_model_len", model_.position_limit}};
+}
+
 void Server::handle_models(Response& res) {
-  send_json(res, 200,
-            ojson{{"object", "list"},
-                  {"data", ojson::array({ojson{{"id", model_.name}, {"object", "model"}, {"created", started_},
-                                               {"owned_by", "dsv4"}, {"max_model_len", model_.position_limit}}})}});
+  send_json(res, 200, ojson{{"object", "list"}, {"data", ojson::array({model_object()})}});
+}
+
+void Server::handle_model(const std::string& id, Response& res) {
+  if (id != model_.name) {
+    send_error(res, ApiError(404, "invalid_request_error", "model_not_found",
+                             "The model '" + id + "' does not exist; this server serves '" + model_.name + "'.",
+                             "model"));
+    return;
+  }
+  send_json(res, 200, model_object());
 }
 
 void Server::handle_metrics(Response& res) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -20,6 +21,8 @@ struct ServeOptions {
   int64_t prefill_chunk = 0;  // prompt positions shared per step, oldest first (0: the engine's chunk_tokens)
   size_t cache_pool_bytes = 0;  // 0: room for `parallel` requests at the limit, at most a quarter of the memory
   std::string api_key;          // empty: no authentication
+  // Browser pages from these origins may call the API (CORS); "*": any.
+  std::vector<std::string> cors_origins;
   std::string model_name;       // empty: the model directory's last component
   size_t max_body_bytes = size_t(8) << 20;
   double shutdown_timeout_seconds = 10;
