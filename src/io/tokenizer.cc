@@ -732,6 +732,9 @@ int32_t Tokenizer::size() const { return int32_t(impl_->kind.size()); }
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && size_t(id) < impl_->kind.size() && impl_->kind[size_t(id)] == 3;
 }
+bool Tokenizer::is_vocab(int32_t id) const {
+  return id >= 0 && size_t(id) < impl_->kind.size() && impl_->kind[size_t(id)] == 1;
+}
 size_t Tokenizer::added_tokens() const { return impl_->added.size(); }
 void Tokenizer::clear_cache() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -78,6 +78,8 @@ class Tokenizer {
   // 1 + the largest id.
   int32_t size() const;
   bool is_special(int32_t id) const;
+  // A token of the base vocabulary (not an added token, not a hole).
+  bool is_vocab(int32_t id) const;
   size_t added_tokens() const;
   // Drops the piece -> ids cache (for cold-cache benchmarks).
   void clear_cache() const;

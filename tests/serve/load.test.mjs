@@ -1,7 +1,7 @@
 // dsv4 serve under load (docs/SERVER.md; tools/serve/scheduler.h: "whatever
 // else runs, the same request gives the same tokens"). A set of distinct
 // requests (prompt lengths, max_tokens, streamed or not, greedy or seeded
-// sampling, penalties and logit biases, return_token_ids) is first run alone, one after another, for
+// sampling, penalties and logit biases, JSON mode, return_token_ids) is first run alone, one after another, for
 // reference token ids; then 32 clients send them concurrently to a server
 // with --parallel 8 --max-queue 16, for a bounded count and time. Every
 // answer must carry exactly the reference ids; every request gets exactly one
@@ -33,6 +33,7 @@ const specs = [];
       ...(greedy ? { temperature: 0 } : { temperature: 0.9, top_p: 0.95, seed: 1000 + i }),
       ...(i % 4 === 1 ? { presence_penalty: 0.4, frequency_penalty: 0.6 } : {}),
       ...(i % 8 === 2 ? { logit_bias: { [100 + i]: 4, [200 + i]: -50 } } : {}),
+      ...(i % 8 === 6 ? { response_format: { type: 'json_object' } } : {}),
       ...(stream ? { stream: true, stream_options: { include_usage: true } } : {}),
       ...(chat ? { messages: [{ role: 'user', content: `Request ${i}: ${wordsText(words, i + 1)}` }] }
         : { prompt: `Request ${i}: ${wordsText(words, i + 1)}` }),

@@ -264,6 +264,39 @@ test('response_format reaches the prompt (the system message\'s Response Format 
   await assert.rejects(client.chat.completions.create({ ...req, response_format: { type: 'yaml' } }), (e) => e.status === 400);
 });
 
+test('JSON mode (response_format json_object): the content is one JSON object, the answer ends with it', async () => {
+  const tokenize = async (content) => {
+    const res = await fetch(`${s.url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ content, add_special: false }) });
+    return (await res.json()).tokens;
+  };
+  const [close] = await tokenize('}');
+  const [thinkEnd] = await tokenize('</think>');
+  const req = { model: M, messages: [user('Reply in JSON.')], response_format: { type: 'json_object' }, max_tokens: 48, ignore_eos: true };
+  // A +100 bias on "}": the object closes as soon as it may, and the answer ends there.
+  const closed = await client.chat.completions.create({ ...req, temperature: 0, logit_bias: { [close]: 100 } });
+  assert.deepEqual(JSON.parse(closed.choices[0].message.content), {});
+  assert.equal(closed.choices[0].finish_reason, 'stop');
+  assert.ok(closed.usage.completion_tokens < 48);
+  // Thinking: the reasoning is free; the object starts after </think>.
+  const thinking = await client.chat.completions.create({ ...req, temperature: 0, thinking: { type: 'enabled' },
+    logit_bias: { [close]: 100, [thinkEnd]: 100 }, return_token_ids: true });
+  assert.equal(thinking.choices[0].token_ids[0], thinkEnd);
+  assert.deepEqual(JSON.parse(thinking.choices[0].message.content), {});
+  // Free draws: an object that is whole when the answer stops, and a text
+  // that starts one either way (random weights rarely close it in 48 tokens).
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({ ...req, temperature: 1, seed });
+    const text = r.choices[0].message.content;
+    assert.match(text, /^\s*\{/, text);
+    if (r.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(text), 'object', text);
+    else assert.equal(r.choices[0].finish_reason, 'length');
+  }
+  // Streamed, the same text.
+  const chunks = await collect(await client.chat.completions.create({ ...req, temperature: 1, seed: 1, stream: true }));
+  const again = await client.chat.completions.create({ ...req, temperature: 1, seed: 1 });
+  assert.equal(assemble(chunks).content, again.choices[0].message.content);
+});
+
 test('the second turn of a conversation reuses the first: cached_tokens > 0', async () => {
   const turn1 = [{ role: 'system', content: 'You are a helpful assistant who answers at length.' }, user('Describe a cat in detail.')];
   const r1 = await client.chat.completions.create({ model: M, messages: turn1, max_tokens: 12, temperature: 0 });

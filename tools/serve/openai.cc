@@ -252,11 +252,17 @@ const ojson* read_response_format(const ojson& body) {
 // system (or developer) message, where the V4 layout carries them (the
 // encoder renders them there); a system message is added in front when
 // there is none.
-ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
-  ojson messages = body["messages"];
+// The tools the prompt carries: null when there are none or tool_choice
+// is "none".
+const ojson* prompt_tools(const ojson& body, const ToolChoice& choice) {
   const ojson* tools = field(body, "tools");
   if (tools && !tools->is_array()) throw invalid_type("tools", "an array");
-  if (tools && (tools->empty() || choice.kind == ToolChoice::Kind::kNone)) tools = nullptr;
+  return tools && !tools->empty() && choice.kind != ToolChoice::Kind::kNone ? tools : nullptr;
+}
+
+ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
+  ojson messages = body["messages"];
+  const ojson* tools = prompt_tools(body, choice);
   const ojson* format = read_response_format(body);
   if (!tools && !format) return messages;
   auto carry = [&](ojson& m) {
@@ -277,14 +283,28 @@ ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
 // (the V4 encoding has no other way to ask for one): at once in chat mode,
 // after the reasoning's </think> in thinking mode. The model writes the
 // rest: the name (required) and the arguments.
+// The token that ends the reasoning (thinking mode), after which the
+// answer's own constraints start; -1 in chat mode (from the start).
+int32_t answer_start(const ModelInfo& model, const ApiRequest& r, const char* param) {
+  if (r.thinking != ThinkingMode::kThinking) return -1;
+  const std::vector<int32_t> end = model.tokenizer->encode(std::string(kThinkingEndToken));
+  if (end.size() != 1) throw invalid_value(param, std::string(param) + " needs a single </think> token in the tokenizer");
+  return end[0];
+}
+
 void force_tool_call(const ToolChoice& choice, const ModelInfo& model, ApiRequest* r) {
   if (choice.kind != ToolChoice::Kind::kRequired && choice.kind != ToolChoice::Kind::kNamed) return;
   r->generation.forced = model.tokenizer->encode(tool_call_opening(choice.name));
-  if (r->thinking != ThinkingMode::kThinking) return;
-  const std::vector<int32_t> end = model.tokenizer->encode(std::string(kThinkingEndToken));
-  if (end.size() != 1)
-    throw invalid_value("tool_choice", "the model's tokenizer has no single </think> token to require a call after");
-  r->generation.forced_after = end[0];
+  r->generation.forced_after = answer_start(model, *r, "tool_choice");
+}
+
+// JSON mode: a response_format other than text makes the answer's content
+// one JSON object, unless the prompt carries tools (their calls are not
+// JSON text; the format is then only the prompt's instruction).
+void constrain_to_json(const ojson& body, const ToolChoice& choice, const ModelInfo& model, ApiRequest* r) {
+  if (!read_response_format(body) || prompt_tools(body, choice)) return;
+  r->generation.json_object = true;
+  r->generation.json_after = answer_start(model, *r, "response_format");
 }
 
 // The JSON types of each message's fields, as OpenAI checks them (the
@@ -332,6 +352,7 @@ std::vector<int32_t> chat_prompt(const ojson& body, const ModelInfo& model, ApiR
     throw message_error(e.what());
   }
   force_tool_call(choice, model, r);
+  constrain_to_json(body, choice, model, r);
   return model.tokenizer->encode(text);
 }
 

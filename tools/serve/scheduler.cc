@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/text_stream.h"
+#include "serve/json_constraint.h"
 
 namespace dsv4::serve {
 
@@ -90,6 +91,8 @@ struct Job {
   std::vector<int32_t> generated;
   // The next of req.forced to write; -1 until req.forced_after is generated.
   int64_t forced_at = -1;
+  // JSON mode's state, once it applies (req.json_object).
+  std::optional<JsonPrefix> json;
   double first_token_seconds = 0;
 
   bool forcing() const { return forced_at >= 0 && forced_at < int64_t(req.forced.size()); }
@@ -122,6 +125,8 @@ struct Scheduler::Impl {
   void keep_prefill_state(Job& job, int64_t from, int64_t to);
   void take_tokens(const std::vector<Job*>& jobs, const std::vector<PrefillResult>& results,
                    const std::vector<size_t>& drawing);
+  int32_t choose(const Job& job, const std::vector<float>& logits, int64_t position) const;
+  bool advance_constraints(Job& job, int32_t id);
   void take_token(Job& job, TokenOut t);
   void end_answer(Job& job, Finish why, const std::string& error = {});
   void deliver(Job& job, TokenOut* token, std::string text, Finish finish, const std::string& error = {});
@@ -149,6 +154,7 @@ struct Scheduler::Impl {
 
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Job>> running;
+  JsonVocabulary json_vocabulary;  // JSON mode's, made at its first request
 
   std::mutex join_mu;
   std::thread thread;
@@ -198,6 +204,7 @@ void Scheduler::Impl::check(const GenerationRequest& r, Job* job) const {
   for (const int32_t id : r.forced)
     if (id < 0 || id >= engine.config().vocab_size) throw Error("forced token " + std::to_string(id) + " is outside the vocabulary");
   if (!r.stop.empty() && !engine.tokenizer()) throw Error("stop strings need the model's tokenizer.json");
+  if (r.json_object && !engine.tokenizer()) throw Error("JSON mode needs the model's tokenizer.json");
   // The first token comes from the prompt's logits: K tokens take n + K - 1
   // positions, and remember_answer one more where the limit leaves it.
   job->max_tokens = std::min(r.max_tokens, limit - n + 1);
@@ -342,6 +349,10 @@ void Scheduler::Impl::start(Job& job) {
   job.before_last_pending = job.req.remember_before_last && job.cached < n - 1;
   if (engine.tokenizer()) job.text.emplace(*engine.tokenizer(), job.req.stop);
   job.forced_at = job.req.forced_after < 0 ? 0 : -1;
+  if (job.req.json_object) {
+    if (json_vocabulary.bytes.empty()) json_vocabulary = serve::json_vocabulary(*engine.tokenizer());
+    if (job.req.json_after < 0) job.json.emplace();
+  }
 }
 
 // A prefilling request appends the next part of its prompt that the step's
@@ -437,9 +448,7 @@ void Scheduler::Impl::take_tokens(const std::vector<Job*>& jobs, const std::vect
     const std::vector<float>& logits = results[drawing[size_t(d)]].logits;
     try {
       const int64_t position = int64_t(job.req.prompt.size() + job.generated.size());
-      const int32_t id = job.forcing() ? job.req.forced[size_t(job.forced_at)]
-                                       : sample(logits, job.req.sampling, position, job.generated);
-      drawn[size_t(d)] = token_with_logprobs(id, logits, job.req.top_logprobs);
+      drawn[size_t(d)] = token_with_logprobs(choose(job, logits, position), logits, job.req.top_logprobs);
     } catch (const std::exception& e) {
       failed[size_t(d)] = e.what();
     }
@@ -469,22 +478,48 @@ void Scheduler::Impl::keep_prefill_state(Job& job, int64_t from, int64_t to) {
   }
 }
 
+// The token for `position`: the next forced one, or a draw (as
+// tools/generation.cc draws it), in JSON mode among the tokens that keep
+// the object possible (the others' logits -inf). Any thread.
+int32_t Scheduler::Impl::choose(const Job& job, const std::vector<float>& logits, int64_t position) const {
+  if (job.forcing()) return job.req.forced[size_t(job.forced_at)];
+  if (!job.json) return sample(logits, job.req.sampling, position, job.generated);
+  std::vector<uint8_t> allowed;
+  allowed_tokens(*job.json, json_vocabulary, &allowed);
+  std::vector<float> masked = logits;
+  for (size_t id = 0; id < masked.size(); ++id)
+    if (id >= allowed.size() || !allowed[id]) masked[id] = -INFINITY;
+  return sample(masked, job.req.sampling, position, job.generated);
+}
+
+// The forced tokens and JSON mode after token `id`: whether it completed
+// the JSON object.
+bool Scheduler::Impl::advance_constraints(Job& job, int32_t id) {
+  if (job.forcing())
+    ++job.forced_at;
+  else if (job.forced_at < 0 && id == job.req.forced_after)
+    job.forced_at = 0;
+  if (job.json) {
+    if (!job.json->feed(json_vocabulary.bytes.at(size_t(id)))) throw Error("JSON mode: token " + std::to_string(id) + " breaks the object");
+    return job.json->complete();
+  }
+  if (job.req.json_object && id == job.req.json_after) job.json.emplace();
+  return false;
+}
+
 // The token drawn for position prompt + i (as tools/generation.cc draws
 // it), and whether it ends the answer.
 void Scheduler::Impl::take_token(Job& job, TokenOut t) {
   const int64_t i = int64_t(job.generated.size());
   const int32_t id = t.id;
   job.generated.push_back(id);
-  if (job.forcing())
-    ++job.forced_at;
-  else if (job.forced_at < 0 && id == job.req.forced_after)
-    job.forced_at = 0;
+  const bool json_done = advance_constraints(job, id);
   if (i == 0) job.first_token_seconds = seconds_between(job.submitted, Clock::now());
   const bool eos = !job.req.ignore_eos && id == engine.config().eos_token_id;
   std::string text;
   if (job.text && !eos) text = job.text->push(id);
   Finish why = Finish::kNone;
-  if (eos || (job.text && job.text->stopped()))
+  if (eos || json_done || (job.text && job.text->stopped()))
     why = Finish::kStop;
   else if (int64_t(job.generated.size()) >= job.max_tokens)
     why = Finish::kLength;

@@ -61,6 +61,12 @@ struct GenerationRequest {
   // count against max_tokens like any other.
   std::vector<int32_t> forced;
   int32_t forced_after = -1;  // -1: from the start
+  // JSON mode (needs the tokenizer): from the answer's start, or once it
+  // has generated `json_after` (thinking mode: </think>), every draw is
+  // masked to tokens that keep the text a prefix of one JSON object
+  // (serve/json_constraint.h), and the answer ends (kStop) with the object.
+  bool json_object = false;
+  int32_t json_after = -1;
 };
 
 // One generated token.
