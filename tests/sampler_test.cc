@@ -120,8 +120,9 @@ TEST(Sampler, AdjustedLogitsEqualTheirDefinition) {
   for (const std::vector<float>& row : rows) {
     std::vector<int32_t> order(row.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
-    std::partial_sort(order.begin(), order.begin() + 20, order.end(),
-                      [&](int32_t a, int32_t b) { return row[size_t(a)] != row[size_t(b)] ? row[size_t(a)] > row[size_t(b)] : a < b; });
+    std::partial_sort(order.begin(), order.begin() + 20, order.end(), [&](int32_t a, int32_t b) {
+      return row[size_t(a)] != row[size_t(b)] ? row[size_t(a)] > row[size_t(b)] : a < b;
+    });
     std::vector<int32_t> generated;
     for (int i = 0; i < 60; ++i) generated.push_back(order[size_t(i * i % 20)]);
     const int32_t last = int32_t(row.size()) - 1;

@@ -498,7 +498,9 @@ std::string render_call_parameters(const Call& call, const std::string& where) {
 }
 
 // One call's first line.
-std::string invoke_line(std::string_view name) { return std::string(kInvokeOpen) + " name=\"" + std::string(name) + "\">\n"; }
+std::string invoke_line(std::string_view name) {
+  return std::string(kInvokeOpen) + " name=\"" + std::string(name) + "\">\n";
+}
 
 std::string render_tool_calls(const Message& m) {
   std::string out = "\n\n";

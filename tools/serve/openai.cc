@@ -248,10 +248,6 @@ const ojson* read_response_format(const ojson& body) {
   return v;
 }
 
-// The messages with the request's tools and response_format on the first
-// system (or developer) message, where the V4 layout carries them (the
-// encoder renders them there); a system message is added in front when
-// there is none.
 // The tools the prompt carries: null when there are none or tool_choice
 // is "none".
 const ojson* prompt_tools(const ojson& body, const ToolChoice& choice) {
@@ -260,6 +256,10 @@ const ojson* prompt_tools(const ojson& body, const ToolChoice& choice) {
   return tools && !tools->empty() && choice.kind != ToolChoice::Kind::kNone ? tools : nullptr;
 }
 
+// The messages with the request's tools and response_format on the first
+// system (or developer) message, where the V4 layout carries them (the
+// encoder renders them there); a system message is added in front when
+// there is none.
 ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
   ojson messages = body["messages"];
   const ojson* tools = prompt_tools(body, choice);
@@ -279,10 +279,6 @@ ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
   return messages;
 }
 
-// A choice that requires a call makes the answer open a tool-call block
-// (the V4 encoding has no other way to ask for one): at once in chat mode,
-// after the reasoning's </think> in thinking mode. The model writes the
-// rest: the name (required) and the arguments.
 // The token that ends the reasoning (thinking mode), after which the
 // answer's own constraints start; -1 in chat mode (from the start).
 int32_t answer_start(const ModelInfo& model, const ApiRequest& r, const char* param) {
@@ -292,6 +288,10 @@ int32_t answer_start(const ModelInfo& model, const ApiRequest& r, const char* pa
   return end[0];
 }
 
+// A choice that requires a call makes the answer open a tool-call block
+// (the V4 encoding has no other way to ask for one): at once in chat mode,
+// after the reasoning's </think> in thinking mode. The model writes the
+// rest: the name (required) and the arguments.
 void force_tool_call(const ToolChoice& choice, const ModelInfo& model, ApiRequest* r) {
   if (choice.kind != ToolChoice::Kind::kRequired && choice.kind != ToolChoice::Kind::kNamed) return;
   r->generation.forced = model.tokenizer->encode(tool_call_opening(choice.name));

@@ -202,7 +202,8 @@ void Scheduler::Impl::check(const GenerationRequest& r, Job* job) const {
   if (r.top_logprobs < -1 || r.top_logprobs > 20) throw Error("top_logprobs must be between 0 and 20");
   r.sampling.check(engine.config().vocab_size);
   for (const int32_t id : r.forced)
-    if (id < 0 || id >= engine.config().vocab_size) throw Error("forced token " + std::to_string(id) + " is outside the vocabulary");
+    if (id < 0 || id >= engine.config().vocab_size)
+      throw Error("forced token " + std::to_string(id) + " is outside the vocabulary");
   if (!r.stop.empty() && !engine.tokenizer()) throw Error("stop strings need the model's tokenizer.json");
   if (r.json_object && !engine.tokenizer()) throw Error("JSON mode needs the model's tokenizer.json");
   // The first token comes from the prompt's logits: K tokens take n + K - 1
@@ -500,7 +501,8 @@ bool Scheduler::Impl::advance_constraints(Job& job, int32_t id) {
   else if (job.forced_at < 0 && id == job.req.forced_after)
     job.forced_at = 0;
   if (job.json) {
-    if (!job.json->feed(json_vocabulary.bytes.at(size_t(id)))) throw Error("JSON mode: token " + std::to_string(id) + " breaks the object");
+    if (!job.json->feed(json_vocabulary.bytes.at(size_t(id))))
+      throw Error("JSON mode: token " + std::to_string(id) + " breaks the object");
     return job.json->complete();
   }
   if (job.req.json_object && id == job.req.json_after) job.json.emplace();
