@@ -485,9 +485,12 @@ void Scheduler::Impl::keep_prefill_state(Job& job, int64_t from, int64_t to) {
 int32_t Scheduler::Impl::choose(const Job& job, const std::vector<float>& logits, int64_t position) const {
   if (job.forcing()) return job.req.forced[size_t(job.forced_at)];
   if (!job.json) return sample(logits, job.req.sampling, position, job.generated);
-  std::vector<uint8_t> allowed;
+  // Kept per thread: fresh half-megabyte rows would be faulted in page by
+  // page each draw (sampler.cc's note).
+  thread_local std::vector<uint8_t> allowed;
+  thread_local std::vector<float> masked;
   allowed_tokens(*job.json, json_vocabulary, &allowed);
-  std::vector<float> masked = logits;
+  masked.assign(logits.begin(), logits.end());
   for (size_t id = 0; id < masked.size(); ++id)
     if (id >= allowed.size() || !allowed[id]) masked[id] = -INFINITY;
   return sample(masked, job.req.sampling, position, job.generated);
