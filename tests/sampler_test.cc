@@ -175,6 +175,9 @@ TEST(Sampler, LogitBiasSteersEveryChoice) {
   s = warm(1, 4);
   s.logit_bias = {{2, 100}};
   for (int p = 0; p < 200; ++p) ASSERT_EQ(sample(logits, s, p, {}), 2) << p;
+  // An id outside the row is refused, not written past it.
+  s.logit_bias = {{3, 1}};
+  EXPECT_THROW(sample(logits, s, 0, {}), Error);
 }
 
 TEST(Sampler, TemperatureZeroIsArgmaxTiesToLowerId) {

@@ -224,12 +224,12 @@ TEST_F(ServeOpenAI, ToolChoiceRequiredOrNamedForcesACallsOpening) {
   EXPECT_EQ(required.generation.prompt, automatic.generation.prompt);
   EXPECT_EQ(model.tokenizer->decode(required.generation.forced), tool_call_opening(""));
   EXPECT_TRUE(tool_call_opening("").ends_with("invoke name=\""));
-  EXPECT_EQ(required.generation.forced_after, -1);
+  EXPECT_EQ(required.generation.answer_after, -1);
   const ojson named = {{"type", "function"}, {"function", {{"name", "get_time"}}}};
   const ApiRequest one = chat(with(with(body, "tool_choice", named), "thinking", {{"type", "enabled"}}));
   EXPECT_EQ(model.tokenizer->decode(one.generation.forced), tool_call_opening("get_time"));
   EXPECT_TRUE(tool_call_opening("get_time").ends_with("invoke name=\"get_time\">\n"));
-  EXPECT_EQ(model.tokenizer->decode(std::vector<int32_t>{one.generation.forced_after}), std::string(kThinkingEndToken));
+  EXPECT_EQ(model.tokenizer->decode(std::vector<int32_t>{one.generation.answer_after}), std::string(kThinkingEndToken));
   const Endpoint c = Endpoint::kChat;
   expect_error(c, with(hello(), "tool_choice", "required"), 400, "invalid_value", "tool_choice");
   expect_error(c, with(body, "tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}), 400,

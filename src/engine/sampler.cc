@@ -125,8 +125,14 @@ const float* adjusted_logits(const std::vector<float>& logits, const SamplingPar
   const int64_t V = int64_t(logits.size());
   float* const l = workspace<float>(Buf::kSamplerLogits, size_t(V));
   std::copy(logits.begin(), logits.end(), l);
-  s.check(V);
-  for (const auto& [id, bias] : s.logit_bias) l[id] += bias;
+  // The ranges were checked with the request (SamplingParams::check); the
+  // ids again here, against this row, since they index it.
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id < 0 || id >= V)
+      throw Error("sample: logit_bias token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(V) + ")");
+    l[id] += bias;
+  }
   if (s.presence_penalty == 0 && s.frequency_penalty == 0) return l;
   std::vector<int32_t> ids(generated.begin(), generated.end());
   std::sort(ids.begin(), ids.end());

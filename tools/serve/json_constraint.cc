@@ -1,6 +1,8 @@
 // JSON mode's constraint (json_constraint.h).
 #include "serve/json_constraint.h"
 
+#include <span>
+
 #include "io/tokenizer.h"
 
 namespace dsv4::serve {
@@ -241,7 +243,7 @@ JsonVocabulary json_vocabulary(std::vector<std::string> bytes) {
 JsonVocabulary json_vocabulary(const Tokenizer& tokenizer) {
   std::vector<std::string> bytes(size_t(tokenizer.size()));
   for (int32_t id = 0; id < tokenizer.size(); ++id)
-    if (tokenizer.is_vocab(id)) bytes[size_t(id)] = tokenizer.decode(std::vector<int32_t>{id});
+    if (tokenizer.is_vocab(id)) bytes[size_t(id)] = tokenizer.decode(std::span<const int32_t>(&id, 1));
   return json_vocabulary(std::move(bytes));
 }
 

@@ -260,10 +260,8 @@ const ojson* prompt_tools(const ojson& body, const ToolChoice& choice) {
 // system (or developer) message, where the V4 layout carries them (the
 // encoder renders them there); a system message is added in front when
 // there is none.
-ojson messages_with_tools(const ojson& body, const ToolChoice& choice) {
+ojson messages_with_tools(const ojson& body, const ojson* tools, const ojson* format) {
   ojson messages = body["messages"];
-  const ojson* tools = prompt_tools(body, choice);
-  const ojson* format = read_response_format(body);
   if (!tools && !format) return messages;
   auto carry = [&](ojson& m) {
     if (tools) m["tools"] = *tools;
@@ -295,16 +293,16 @@ int32_t answer_start(const ModelInfo& model, const ApiRequest& r, const char* pa
 void force_tool_call(const ToolChoice& choice, const ModelInfo& model, ApiRequest* r) {
   if (choice.kind != ToolChoice::Kind::kRequired && choice.kind != ToolChoice::Kind::kNamed) return;
   r->generation.forced = model.tokenizer->encode(tool_call_opening(choice.name));
-  r->generation.forced_after = answer_start(model, *r, "tool_choice");
+  r->generation.answer_after = answer_start(model, *r, "tool_choice");
 }
 
 // JSON mode: a response_format other than text makes the answer's content
 // one JSON object, unless the prompt carries tools (their calls are not
 // JSON text; the format is then only the prompt's instruction).
-void constrain_to_json(const ojson& body, const ToolChoice& choice, const ModelInfo& model, ApiRequest* r) {
-  if (!read_response_format(body) || prompt_tools(body, choice)) return;
+void constrain_to_json(const ojson* format, const ojson* tools, const ModelInfo& model, ApiRequest* r) {
+  if (!format || tools) return;
   r->generation.json_object = true;
-  r->generation.json_after = answer_start(model, *r, "response_format");
+  r->generation.answer_after = answer_start(model, *r, "response_format");
 }
 
 // The JSON types of each message's fields, as OpenAI checks them (the
@@ -343,16 +341,18 @@ std::vector<int32_t> chat_prompt(const ojson& body, const ModelInfo& model, ApiR
   o.thinking_mode = r->thinking = read_thinking(body);
   o.reasoning_effort = read_effort(body);
   const ToolChoice choice = read_tool_choice(body);
+  const ojson* tools = prompt_tools(body, choice);
+  const ojson* format = read_response_format(body);
   std::string text;
   try {
-    text = encode_messages(messages_with_tools(body, choice), o);
+    text = encode_messages(messages_with_tools(body, tools, format), o);
   } catch (const ApiError&) {
     throw;
   } catch (const Error& e) {
     throw message_error(e.what());
   }
   force_tool_call(choice, model, r);
-  constrain_to_json(body, choice, model, r);
+  constrain_to_json(format, tools, model, r);
   return model.tokenizer->encode(text);
 }
 

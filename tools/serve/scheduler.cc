@@ -89,13 +89,14 @@ struct Job {
   bool over = false;      // done with the engine: leaves at the next drop
   std::optional<TextStream> text;
   std::vector<int32_t> generated;
-  // The next of req.forced to write; -1 until req.forced_after is generated.
-  int64_t forced_at = -1;
+  // req.answer_after has been generated (or is -1): the constraints apply.
+  bool answer_started = false;
+  size_t forced_at = 0;  // the next of req.forced to write
   // JSON mode's state, once it applies (req.json_object).
   std::optional<JsonPrefix> json;
   double first_token_seconds = 0;
 
-  bool forcing() const { return forced_at >= 0 && forced_at < int64_t(req.forced.size()); }
+  bool forcing() const { return answer_started && forced_at < req.forced.size(); }
 };
 
 // What one step did, for the tokens/s of the last minute.
@@ -127,6 +128,7 @@ struct Scheduler::Impl {
                    const std::vector<size_t>& drawing);
   int32_t choose(const Job& job, const std::vector<float>& logits, int64_t position) const;
   bool advance_constraints(Job& job, int32_t id);
+  void start_answer(Job& job);
   void take_token(Job& job, TokenOut t);
   void end_answer(Job& job, Finish why, const std::string& error = {});
   void deliver(Job& job, TokenOut* token, std::string text, Finish finish, const std::string& error = {});
@@ -349,11 +351,15 @@ void Scheduler::Impl::start(Job& job) {
   // cache did not already reach it.
   job.before_last_pending = job.req.remember_before_last && job.cached < n - 1;
   if (engine.tokenizer()) job.text.emplace(*engine.tokenizer(), job.req.stop);
-  job.forced_at = job.req.forced_after < 0 ? 0 : -1;
-  if (job.req.json_object) {
-    if (json_vocabulary.bytes.empty()) json_vocabulary = serve::json_vocabulary(*engine.tokenizer());
-    if (job.req.json_after < 0) job.json.emplace();
-  }
+  if (job.req.json_object && json_vocabulary.bytes.empty())
+    json_vocabulary = serve::json_vocabulary(*engine.tokenizer());
+  if (job.req.answer_after < 0) start_answer(job);
+}
+
+// The answer's constraints apply from here on.
+void Scheduler::Impl::start_answer(Job& job) {
+  job.answer_started = true;
+  if (job.req.json_object) job.json.emplace();
 }
 
 // A prefilling request appends the next part of its prompt that the step's
@@ -483,7 +489,7 @@ void Scheduler::Impl::keep_prefill_state(Job& job, int64_t from, int64_t to) {
 // tools/generation.cc draws it), in JSON mode among the tokens that keep
 // the object possible (the others' logits -inf). Any thread.
 int32_t Scheduler::Impl::choose(const Job& job, const std::vector<float>& logits, int64_t position) const {
-  if (job.forcing()) return job.req.forced[size_t(job.forced_at)];
+  if (job.forcing()) return job.req.forced[job.forced_at];
   if (!job.json) return sample(logits, job.req.sampling, position, job.generated);
   // Kept per thread: fresh half-megabyte rows would be faulted in page by
   // page each draw (sampler.cc's note).
@@ -499,17 +505,18 @@ int32_t Scheduler::Impl::choose(const Job& job, const std::vector<float>& logits
 // The forced tokens and JSON mode after token `id`: whether it completed
 // the JSON object.
 bool Scheduler::Impl::advance_constraints(Job& job, int32_t id) {
-  if (job.forcing())
-    ++job.forced_at;
-  else if (job.forced_at < 0 && id == job.req.forced_after)
-    job.forced_at = 0;
-  if (job.json) {
-    if (!job.json->feed(json_vocabulary.bytes.at(size_t(id))))
-      throw Error("JSON mode: token " + std::to_string(id) + " breaks the object");
-    return job.json->complete();
+  if (!job.answer_started) {
+    if (id == job.req.answer_after) start_answer(job);
+    return false;
   }
-  if (job.req.json_object && id == job.req.json_after) job.json.emplace();
-  return false;
+  if (job.forcing()) {
+    ++job.forced_at;
+    return false;
+  }
+  if (!job.json) return false;
+  if (!job.json->feed(json_vocabulary.bytes.at(size_t(id))))
+    throw Error("JSON mode: token " + std::to_string(id) + " breaks the object");
+  return job.json->complete();
 }
 
 // The token drawn for position prompt + i (as tools/generation.cc draws

@@ -54,19 +54,18 @@ struct GenerationRequest {
   // layout parts there).
   bool remember_answer = true;
   bool remember_before_last = false;
-  // Tokens the answer is made to write (a tool_choice that requires a call:
-  // the opening of a DSML tool-call block). From the answer's start, or
-  // once the answer has generated `forced_after` (thinking mode: </think>),
-  // the next tokens are these instead of draws, then drawing resumes. They
-  // count against max_tokens like any other.
+  // The answer's own constraints start once it has generated `answer_after`
+  // (thinking mode: </think>, so the reasoning stays free); -1: at once.
+  int32_t answer_after = -1;
+  // Tokens the answer is made to write when its constraints start (a
+  // tool_choice that requires a call: the opening of a DSML tool-call
+  // block), instead of draws; then drawing resumes. They count against
+  // max_tokens like any other.
   std::vector<int32_t> forced;
-  int32_t forced_after = -1;  // -1: from the start
-  // JSON mode (needs the tokenizer): from the answer's start, or once it
-  // has generated `json_after` (thinking mode: </think>), every draw is
-  // masked to tokens that keep the text a prefix of one JSON object
+  // JSON mode (needs the tokenizer): from then on every draw is masked to
+  // tokens that keep the text a prefix of one JSON object
   // (serve/json_constraint.h), and the answer ends (kStop) with the object.
   bool json_object = false;
-  int32_t json_after = -1;
 };
 
 // One generated token.
