@@ -116,6 +116,14 @@ size_t kept_by_rank(const double* w, size_t V, const SamplingParams& s, int32_t*
   return n;
 }
 
+// Throws where a logit_bias id cannot index a row of `vocab` logits;
+// `who` begins the message.
+void check_bias_id(int32_t id, int64_t vocab, const char* who) {
+  if (id < 0 || id >= vocab)
+    throw Error(std::string(who) + " token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                std::to_string(vocab) + ")");
+}
+
 // `logits` with the adjustments of `s` (sampler.h), in the thread's
 // workspace. Only the ids with a bias or a count change; each subtracts its
 // penalties in one expression, so the order the counts are found in does
@@ -128,9 +136,7 @@ const float* adjusted_logits(const std::vector<float>& logits, const SamplingPar
   // The ranges were checked with the request (SamplingParams::check); the
   // ids again here, against this row, since they index it.
   for (const auto& [id, bias] : s.logit_bias) {
-    if (id < 0 || id >= V)
-      throw Error("sample: logit_bias token " + std::to_string(id) + " is outside the vocabulary [0, " +
-                  std::to_string(V) + ")");
+    check_bias_id(id, V, "sample: logit_bias");
     l[id] += bias;
   }
   if (s.presence_penalty == 0 && s.frequency_penalty == 0) return l;
@@ -167,9 +173,7 @@ void SamplingParams::check(int64_t vocab) const {
     throw Error("--frequency-penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
   std::vector<int32_t> ids;
   for (const auto& [id, bias] : logit_bias) {
-    if (id < 0 || id >= vocab)
-      throw Error("--logit-bias: token " + std::to_string(id) + " is outside the vocabulary [0, " +
-                  std::to_string(vocab) + ")");
+    check_bias_id(id, vocab, "--logit-bias:");
     if (!(bias >= -100 && bias <= 100))
       throw Error("--logit-bias: the bias of token " + std::to_string(id) + " must be in [-100, 100], got " +
                   std::to_string(bias));
