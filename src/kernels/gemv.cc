@@ -273,7 +273,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
                                                                         tiles / pool.size()),
                                                       1, 8),
                 span = stride * tile_rows, spans = (rows + span - 1) / span,
-                pass_rows = quant_panels ? kGemvPanelInputRows : kGemvTileInputRows;
+                pass_rows = in.xp && panels ? kGemvPanelInputRows : kGemvTileInputRows;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};
@@ -283,8 +283,8 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
       float* ys = y + (b - row_begin);
       for (int64_t j = 0; j < stride && j < n; ++j) {
         g_tiles.fetch_add(1, std::memory_order_relaxed);
-        // Input rows 8 at a time (the tile kernels' most; 16 for FP4 and
-        // FP8 panels on vdpbf16ps): the tile's weight rows are then read
+        // Input rows 8 at a time (the fp32 tiles' most; 16 for the
+        // vdpbf16ps tiles on panels): the tile's weight rows are then read
         // again from L2, not from memory.
         for (int64_t m0 = 0; m0 < M; m0 += pass_rows)
           if (!run_tile(w, in, x, m0, std::min(pass_rows, M - m0), ldx, b, j, stride, n, ys, ldy)) {

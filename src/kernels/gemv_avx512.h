@@ -50,7 +50,7 @@ bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, i
                       float* y, int64_t ldy);
 
 // The same rows (pair panels only) on vdpbf16ps, for M ≤
-// kGemvTileInputRows input rows given as pairs (xp: rows of w.in / 2
+// kGemvPanelInputRows input rows given as pairs (xp: rows of w.in / 2
 // dwords, stride ldxp; k in the high half): the caller has checked that
 // this gives the fp32 chain's bits (gemv.cc). Only where the build has the
 // AVX512-BF16 kernels and kernel_isa() is Isa::kAvx512Bf16.
