@@ -573,6 +573,7 @@ bool gemv_fp4_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, in
 void gemv_pair_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int64_t o0, int64_t n,
                                float* y, int64_t ldy) {
   static_assert(kGemvTileRows == 2 * kLanes, "a tile is at most two panels");
+  static_assert(kGemvPanelInputRows == 2 * kGemvTileInputRows, "gemv passes at most two sets of input rows");
   if (n > kLanes) return pair_tile_any_rows<2>(w, xp, M, ldxp, o0, n, y, ldy);
   pair_tile_any_rows<1>(w, xp, M, ldxp, o0, n, y, ldy);
 }
