@@ -102,7 +102,14 @@ TEST(Bench, JsonFieldsAndDeterministicChecksums) {
   const json d = bench_json("--threads 2");
   ::unsetenv("DSV4_ISA");
   EXPECT_EQ(d.at("kernel_isa").get<std::string>(), "scalar");
+  EXPECT_EQ(d.at("gemv_isa").get<std::string>(), "scalar");
   EXPECT_EQ(checksums(a), checksums(d));
+  // So do the GEMV tiles' alone (DSV4_GEMV_ISA).
+  ::setenv("DSV4_GEMV_ISA", "avx2", 1);
+  const json e = bench_json("--threads 2");
+  ::unsetenv("DSV4_GEMV_ISA");
+  EXPECT_EQ(e.at("gemv_isa").get<std::string>(), "avx2");
+  EXPECT_EQ(checksums(a), checksums(e));
 }
 
 TEST(Bench, BadOptionsFailCleanly) {

@@ -177,6 +177,18 @@ void expect_pair_panels(const Weight& w, Expected expected, const std::string& w
   }
 }
 
+// The fp32 panel of the other kernels (Weight::dequant_panel): the
+// reference's bits, also from a weight's FP4 or FP8 panels
+// (linear.cc panel_from_quant_panels) and where those refuse a scale.
+void expect_fp32_panels(const Weight& w, const std::string& what) {
+  for (int64_t o0 = 0; o0 < w.out; o0 += kGemmNR) {
+    std::vector<float> ref(size_t(w.in * kGemmNR)), panel(size_t(w.in * kGemmNR), -7.f);
+    w.dequant_panel_reference(o0, w.out, ref.data());
+    w.dequant_panel(o0, w.out, panel.data());
+    ASSERT_EQ(std::memcmp(ref.data(), panel.data(), ref.size() * sizeof(float)), 0) << what << " o0 " << o0;
+  }
+}
+
 // Rows given by pointers (the indexer's, packed once per tile) and
 // row-major rows straight to pairs, against the pairs and exponent bound taken
 // from the values one by one: every K tail (masked loads; each row its own
@@ -278,6 +290,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
             return true;
           },
           "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge) + (from == &w ? "" : " panels"));
+      expect_fp32_panels(packed, "fp4 in " + std::to_string(in) + " edge " + std::to_string(edge) + " fp32");
     }
   }
   for (int block : {128, 16, 40}) {  // FP8: scale codes 10..246 and no NaN code; block 40 is not taken
@@ -318,6 +331,7 @@ TEST(Gemm, PairPanelsEqualReferencePanels) {
             return true;
           },
           "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge) + (from == &w ? "" : " panels"));
+      expect_fp32_panels(packed, "fp8 block " + std::to_string(block) + " edge " + std::to_string(edge) + " fp32");
     }
   }
   set_kernel_isa(best);
@@ -348,6 +362,19 @@ TEST(Gemm, KernelVariantChoice) {
               std::string::npos)
         << e.what();
   }
+  // The GEMV tiles take the fastest variant while the gemm runs its
+  // default, and follow any other choice (core/cpu.h gemv_isa).
+  const Isa best = kernel_isa(), best_gemv = gemv_isa();
+  for (Isa isa : have) {
+    set_kernel_isa(isa);
+    EXPECT_EQ(gemv_isa(), isa == default_isa() ? have.back() : isa) << isa_name(isa);
+  }
+  set_kernel_isa(default_isa());
+  set_gemv_isa(Isa::kScalar);
+  EXPECT_EQ(gemv_isa(), Isa::kScalar);
+  EXPECT_EQ(kernel_isa(), default_isa());
+  set_kernel_isa(best);
+  set_gemv_isa(best_gemv);
   // The variants past the fastest one this CPU has are refused.
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
     if (isa <= have.back()) continue;
@@ -359,7 +386,16 @@ TEST(Gemm, KernelVariantChoice) {
                 std::string::npos)
           << e.what();
     }
-    EXPECT_EQ(kernel_isa(), have.back()) << "a refused choice leaves the variant as it was";
+    try {
+      set_gemv_isa(isa);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + isa_name(isa) + "' is not supported"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(kernel_isa(), best) << "a refused choice leaves the variant as it was";
+    EXPECT_EQ(gemv_isa(), best_gemv);
   }
 }
 

@@ -108,6 +108,17 @@ struct Shape {
 const Shape kShapes[] = {{1, 256}, {21, 256}, {16, 64}, {5, 96}, {40, 384}, {150, 256}, {37, 1184}, {70, 208},
                          {131, 1024}, {600, 256}};
 
+// Every kernel variant with the GEMV tiles on the same one, and the fp32
+// gemm with the tiles on vdpbf16ps, as default_isa() runs them where
+// vdpbf16ps lost to fp32 FMA (core/cpu.h gemv_isa).
+std::vector<std::pair<Isa, Isa>> variant_pairs() {
+  const std::vector<Isa> isas = supported_isas();
+  std::vector<std::pair<Isa, Isa>> r;
+  for (Isa isa : isas) r.push_back({isa, isa});
+  if (isas.back() == Isa::kAvx512Bf16) r.push_back({Isa::kAvx512, Isa::kAvx512Bf16});
+  return r;
+}
+
 void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodable = true, bool bf16_inputs = false) {
   const Weight& w = rw.w;
   const Isa best = kernel_isa();
@@ -124,13 +135,14 @@ void expect_gemv_matches(const RandomWeight& rw, const char* what, bool decodabl
         gemv_reference(w, x.data(), M, ldx, ref.data(), ldy, bf16, b, e);
         LinearOpts opts;
         opts.out_bf16 = bf16;
-        for (Isa isa : supported_isas()) {
+        for (auto [isa, gemv_variant] : variant_pairs()) {
           set_kernel_isa(isa);
+          set_gemv_isa(gemv_variant);
           for (int threads : {1, 2, 3}) {
             ThreadPool::set_threads(threads);
             SCOPED_TRACE(::testing::Message() << what << " " << w.out << "x" << w.in << " M " << M << " rows [" << b
-                                              << ", " << e << ") bf16 " << bf16 << " " << isa_name(isa) << " threads "
-                                              << threads);
+                                              << ", " << e << ") bf16 " << bf16 << " " << isa_name(isa) << " gemv "
+                                              << isa_name(gemv_variant) << " threads " << threads);
             std::vector<float> y(size_t(M * ldy), -3.f);
             linear(w, x.data(), M, y.data(), opts, b, e, ldx, ldy);
             EXPECT_TRUE(SameBits(y, ref)) << "linear";
@@ -209,18 +221,25 @@ TEST(Gemv, QuantPanelsEqualReferenceBitwise) {
       expect_gemv_matches(rw, what.c_str(), c.decodable, true);
       EXPECT_EQ(gemv_dot_tile_count() > dot_tiles, c.on_pairs) << what;
       if (!c.on_pairs) continue;
-      for (int64_t M : {1, 3, 8, 16, 24}) {
-        const std::vector<float> x = random_rows(M, s.in, uint32_t(M), true);
-        std::vector<float> ref(size_t(M * s.out)), y(size_t(M * s.out), -3.f);
-        gemv_reference(rw.w, x.data(), M, s.in, ref.data(), s.out, true, 0, s.out);
-        const std::vector<uint8_t> rows = rw.data;
-        std::fill(rw.data.begin(), rw.data.end(), uint8_t(0x77));
-        LinearOpts opts;
-        linear(rw.w, x.data(), M, y.data(), opts);
-        rw.data = rows;
-        EXPECT_TRUE(SameBits(y, ref)) << "from the panels alone, " << what << ", " << s.out << "x" << s.in << " M "
-                                      << M;
-      }
+      // Past gemv's rows (24), every gemm variant's panels come from them
+      // too (linear.cc panel_from_quant_panels).
+      const Isa best = kernel_isa();
+      for (Isa isa : supported_isas())
+        for (int64_t M : {1, 3, 8, 16, 24}) {
+          set_kernel_isa(isa);
+          set_gemv_isa(Isa::kAvx512Bf16);
+          const std::vector<float> x = random_rows(M, s.in, uint32_t(M), true);
+          std::vector<float> ref(size_t(M * s.out)), y(size_t(M * s.out), -3.f);
+          gemv_reference(rw.w, x.data(), M, s.in, ref.data(), s.out, true, 0, s.out);
+          const std::vector<uint8_t> rows = rw.data;
+          std::fill(rw.data.begin(), rw.data.end(), uint8_t(0x77));
+          LinearOpts opts;
+          linear(rw.w, x.data(), M, y.data(), opts);
+          rw.data = rows;
+          EXPECT_TRUE(SameBits(y, ref)) << "from the panels alone, " << what << ", " << s.out << "x" << s.in
+                                        << " M " << M << " " << isa_name(isa);
+        }
+      set_kernel_isa(best);
     }
 }
 

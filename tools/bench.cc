@@ -610,6 +610,7 @@ json report_json(const BenchOptions& o, const BenchReport& rep) {
   j["tile_tokens"] = o.tile_tokens;
   j["chunk_tokens"] = o.chunk_tokens;
   j["kernel_isa"] = isa_name(kernel_isa());
+  j["gemv_isa"] = isa_name(gemv_isa());
   j["peak_gflops"] = rep.peak.gflops;
   j["peak"] = peak_json(rep);
   j["openblas"] = openblas_routine();
@@ -632,8 +633,9 @@ void print_machine(const BenchOptions& o, const BenchReport& rep) {
   std::printf("model: %s\n  %d layers, hidden %d, %d routed experts, vocab %d; %.2f GB; loaded in %.2f s\n",
               rep.model.source.c_str(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, cfg.vocab_size,
               double(rep.checkpoint_bytes) / 1e9, rep.model.load_seconds);
-  std::printf("threads: %d, tile_tokens: %lld, chunk_tokens: %lld, GEMM kernels: %s\n\n", rep.threads,
-              (long long)o.tile_tokens, (long long)o.chunk_tokens, isa_name(kernel_isa()));
+  std::printf("threads: %d, tile_tokens: %lld, chunk_tokens: %lld, GEMM kernels: %s, GEMV kernels: %s\n\n",
+              rep.threads, (long long)o.tile_tokens, (long long)o.chunk_tokens, isa_name(kernel_isa()),
+              isa_name(gemv_isa()));
   std::printf("peak: %.1f GFLOP/s on %d threads (start %.1f, end %.1f; %.1f on one thread)\n  %s\n", p.gflops,
               p.threads, rep.peak_start, rep.peak_end, p.gflops_1thread, p.method.c_str());
   std::printf("  fp32 FMA: %.1f GFLOP/s", p.fma_gflops);

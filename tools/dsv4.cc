@@ -1052,7 +1052,9 @@ std::string full_help() {
          "DSV4_ISA=scalar|avx2|avx512|avx512bf16 picks the GEMM kernel variant (default: the\n"
          "fastest this CPU runs; avx512bf16 only where vdpbf16ps, measured at start, does\n"
          "more flops per second than fp32 FMA); every variant gives the same bits, only the\n"
-         "speed differs.\n"
+         "speed differs. DSV4_GEMV_ISA picks the variant of the GEMV tiles (decode, a few\n"
+         "rows) alone (default: DSV4_ISA's, or the fastest this CPU runs where DSV4_ISA is\n"
+         "unset or the default).\n"
          "DSV4_PROGRESS_DELAY_MS=N: show the prefill progress line (terminals only) after N ms\n"
          "instead of 1000.\n\n"
          "Errors in input (files, config, prompt) print one line and exit with code 2.\n";
@@ -1076,6 +1078,7 @@ int run_command_line(const std::vector<std::string>& words) {
   }
   const Command& c = find_command(first);
   if (const char* isa = std::getenv("DSV4_ISA")) set_kernel_isa(parse_isa(isa, "DSV4_ISA"));
+  if (const char* isa = std::getenv("DSV4_GEMV_ISA")) set_gemv_isa(parse_isa(isa, "DSV4_GEMV_ISA"));
   if (c.joins_mpi && dist::launched_by_mpi()) dist::init();
   const Options o = cli::parse_options(*c.spec, std::vector<std::string>(words.begin() + 1, words.end()));
   if (o.help()) {

@@ -39,7 +39,14 @@ bool cpu_has(Isa isa) {
   return false;
 }
 
-std::atomic<int> g_isa{-1};  // -1: not chosen yet
+std::atomic<int> g_isa{-1}, g_gemv_isa{-1};  // -1: not chosen yet
+
+std::string unsupported(Isa isa) {
+  std::string have;
+  for (Isa i : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(i);
+  return std::string("kernel variant '") + isa_name(isa) + "' is not supported by this CPU or build (supported: " +
+         have + ")";
+}
 
 }  // namespace
 
@@ -70,19 +77,27 @@ Isa kernel_isa() {
   int v = g_isa.load(std::memory_order_relaxed);
   if (v < 0) {
     v = int(default_isa());
+    g_gemv_isa.store(int(supported_isas().back()), std::memory_order_relaxed);
     g_isa.store(v, std::memory_order_relaxed);
   }
   return Isa(v);
 }
 
+Isa gemv_isa() {
+  kernel_isa();
+  return Isa(g_gemv_isa.load(std::memory_order_relaxed));
+}
+
 void set_kernel_isa(Isa isa) {
-  if (!cpu_has(isa)) {
-    std::string have;
-    for (Isa i : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(i);
-    throw Error(std::string("kernel variant '") + isa_name(isa) +
-                "' is not supported by this CPU or build (supported: " + have + ")");
-  }
+  if (!cpu_has(isa)) throw Error(unsupported(isa));
+  g_gemv_isa.store(int(isa == default_isa() ? supported_isas().back() : isa), std::memory_order_relaxed);
   g_isa.store(int(isa), std::memory_order_relaxed);
+}
+
+void set_gemv_isa(Isa isa) {
+  if (!cpu_has(isa)) throw Error(unsupported(isa));
+  kernel_isa();
+  g_gemv_isa.store(int(isa), std::memory_order_relaxed);
 }
 
 Isa parse_isa(const std::string& s, const std::string& what) {

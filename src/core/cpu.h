@@ -37,8 +37,24 @@ Isa default_isa();
 // The variant the kernels use now: default_isa() unless set.
 Isa kernel_isa();
 
-// Throws Error when `isa` is not supported here.
+// The variant the GEMV tiles (kernels/gemv.h: decode, a few input rows)
+// use now: kernel_isa(), except while that is default_isa() where
+// default_isa() gave way to AVX-512: there the last of supported_isas(),
+// AVX512-BF16. At a few rows the time is the weights' trip from memory and
+// their decoding, which the bf16 pair decoders do in half the instructions;
+// the rate of vdpbf16ps, which lost the measurement, hardly counts. On the
+// Intel Xeon of sessions 13-18 and 28 one stream decoded 12.2 tokens/s
+// that way against 9.5 on the fp32 tiles (docs/PERFORMANCE.md). Every
+// variant gives the same bits, so any pair of them may run together.
+Isa gemv_isa();
+
+// Throws Error when `isa` is not supported here. Sets gemv_isa() too: to
+// `isa`, or where `isa` is default_isa(), to gemv_isa()'s default.
 void set_kernel_isa(Isa isa);
+
+// Sets gemv_isa() alone (until the next set_kernel_isa); throws Error when
+// `isa` is not supported here.
+void set_gemv_isa(Isa isa);
 
 // Parses "scalar", "avx2", "avx512" or "avx512bf16" (the DSV4_ISA environment variable
 // of the dsv4 command); throws Error naming `what` otherwise.

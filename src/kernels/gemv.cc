@@ -37,7 +37,7 @@ std::atomic<int64_t> g_tiles{0}, g_dot_tiles{0};
   return bad ? -1 : lo;
 }
 
-// The input rows as pairs for the vdpbf16ps tiles (kernel_isa() is
+// The input rows as pairs for the vdpbf16ps tiles (gemv_isa() is
 // Isa::kAvx512Bf16, every value an exact bf16 value): over pair panels
 // where no product or sum can be subnormal (gemm.h), and for FP4 weights
 // and FP8 panels, whose tiles check their scales against min_exponent. xp
@@ -56,7 +56,7 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
   DotInput in;
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   const bool pairs = panels && w.pair_min_exponent != Weight::kNoPairDot;
-  if (kernel_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4 && !w.fp8_panels)) return in;
+  if (gemv_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4 && !w.fp8_panels)) return in;
   // The gemm's packing of A rows: the same pairs, and the same check.
   in.ld = w.in / 2 + 16;
   uint32_t* const xp = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * in.ld));
@@ -73,7 +73,7 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
 // start a panel.
 bool reads_quant_panels(const Weight& w, int64_t o0, int64_t stride) {
   return (w.fp4_panels != nullptr || w.fp8_panels != nullptr) && stride == 1 && o0 % 16 == 0 &&
-         kernel_isa() == Isa::kAvx512Bf16;
+         gemv_isa() == Isa::kAvx512Bf16;
 }
 
 // Rows b + j, b + j + stride, ... (n of them) for input rows [m0, m0 + mr)
@@ -178,7 +178,7 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
 
 size_t quant_panel_bytes(const Weight& w) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  if (w.out <= 0 || kernel_isa() != Isa::kAvx512Bf16) return 0;
+  if (w.out <= 0 || gemv_isa() != Isa::kAvx512Bf16) return 0;
   const int64_t panels = (w.out + 15) / 16;
   if (w.kind == Weight::Kind::kFP4 && w.in % 32 == 0)
     return size_t(panels * (w.in / 8) * 16 * 4 + panels * (w.in / 32) * 16 + 63) / 64 * 64;
@@ -226,7 +226,7 @@ std::shared_ptr<const uint8_t> pack_quant_panels(Weight& w) {
 
 bool gemv_available(const Weight& w, int64_t M) {
 #ifdef DSV4_HAVE_AVX512_KERNELS
-  if (M < 1 || M > kGemvMaxRows || kernel_isa() < Isa::kAvx512) return false;
+  if (M < 1 || M > kGemvMaxRows || gemv_isa() < Isa::kAvx512) return false;
   switch (w.kind) {
     // 16 codes of a row per step, in one block. Under Isa::kAvx512Bf16 the
     // gemm multiplies FP8 rows decoded once into bf16 pairs on vdpbf16ps;

@@ -57,7 +57,7 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w);
 // about half the read bandwidth, its FP8 one on fp32 FMAs at about a third.
 // quant_panel_bytes: their size, a multiple of 64, or 0 where nothing would
 // read them (not FP4 or FP8, in not a multiple of 32 (FP4) or 16 (FP8, and
-// its block), kernel_isa() not Isa::kAvx512Bf16). pack_quant_panels writes
+// its block), gemv_isa() not Isa::kAvx512Bf16). pack_quant_panels writes
 // them on the pool's threads to dst (64-byte aligned, that size) and points
 // w at them; false, with w untouched, where an FP8 code is NaN. The second
 // form first allocates them (on 2 MB pages) and returns their owner, or

@@ -1,5 +1,5 @@
 // The AVX-512 GEMV tiles of gemv_avx512.cc, which gemv (gemv.cc) calls only
-// when kernel_isa() is Isa::kAvx512 or later.
+// when gemv_isa() (core/cpu.h) is Isa::kAvx512 or later.
 #pragma once
 #include <cstdint>
 
@@ -53,7 +53,7 @@ bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, i
 // kGemvPanelInputRows input rows given as pairs (xp: rows of w.in / 2
 // dwords, stride ldxp; k in the high half): the caller has checked that
 // this gives the fp32 chain's bits (gemv.cc). Only where the build has the
-// AVX512-BF16 kernels and kernel_isa() is Isa::kAvx512Bf16.
+// AVX512-BF16 kernels and gemv_isa() is Isa::kAvx512Bf16.
 void gemv_pair_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int64_t o0, int64_t n,
                                float* y, int64_t ldy);
 

@@ -270,6 +270,33 @@ void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
     panel_fp4_rows16<false>(w, r, panel);
 }
 
+#ifdef DSV4_HAVE_AVX512_KERNELS
+// A panel of an FP4 or FP8 weight repacked for gemv's vdpbf16ps tiles
+// (pack_quant_panels), from those panels. Where gemv_isa() runs the tiles
+// and the gemm runs fp32 kernels (the Xeon of core/cpu.h), reading the rows
+// instead would page them in beside the panels: twice the expert weights,
+// more than a Flash-sized model leaves. FP4 is decoded as from the rows;
+// FP8 as the bf16 pairs of the vdpbf16ps gemm, then the two fp32 values
+// each pair holds (bf16 values, so exactly the rows' values). False, with
+// the panel to be written again, where the panels do not cover these rows
+// or an FP8 scale would put a value outside bf16's normal range.
+bool panel_from_quant_panels(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  if ((!w.fp4_panels && !w.fp8_panels) || o0 % 16 != 0 || std::min(o0 + 16, w.out) > o_end) return false;
+  if (w.fp4_panels) {
+    panel_fp4_from_panels_avx512(w, o0 / 16, panel);
+    return true;
+  }
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  int min_exponent = 0;
+  if (fp8_panel_pairs_avx512bf16(w, o0 / 16, reinterpret_cast<uint32_t*>(panel), &min_exponent)) {
+    spread_panel_pairs_avx512(w.in / 2, panel);
+    return true;
+  }
+#endif
+  return false;
+}
+#endif
+
 void panel_fp8(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
   const int64_t scols = ceil_div<int64_t>(w.in, w.block);
   const Rows8 r[2] = {Rows8(w, o0, o_end, w.in, scols, w.block, o0), Rows8(w, o0 + 8, o_end, w.in, scols, w.block, o0)};
@@ -304,6 +331,7 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
     return dequant_panel_reference(o0, o_end, panel);
 #ifdef DSV4_HAVE_AVX512_KERNELS
+  if (panel_from_quant_panels(*this, o0, o_end, panel)) return;
   if (kind == Kind::kFP4 && kernel_isa() >= Isa::kAvx512) return panel_fp4_avx512(*this, o0, o_end, panel);
 #endif
   switch (kind) {

@@ -185,6 +185,33 @@ void panel_fp4_avx512(const Weight& w, int64_t o0, int64_t o_end, float* panel) 
   }
 }
 
+void panel_fp4_from_panels_avx512(const Weight& w, int64_t panel_index, float* panel) {
+  static_assert(kGemmNR == 16, "one zmm lane per panel row");
+  const __m512 table = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f,
+                                      -4.f, -6.f);
+  const int64_t steps = w.in / 8, blocks = w.in / 32;
+  const uint32_t* const data = w.fp4_panels + panel_index * steps * kGemmNR;
+  const uint8_t* const scale = w.fp4_panel_scales + panel_index * blocks * kGemmNR;
+  for (int64_t c = 0; c < blocks; ++c) {
+    const __m512 s = Rows16::scale_values(
+        _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(scale + c * kGemmNR))));
+#pragma GCC unroll 4
+    for (int64_t t = 4 * c; t < 4 * c + 4; ++t) {
+      const __m512i codes = _mm512_load_si512(data + t * kGemmNR);
+      // k = 8t + 2b in bits 16 + 4b of each lane, 8t + 2b + 1 in bits 4b;
+      // vpermps reads the low 4 bits of each index. Exact products, as in
+      // panel_fp4_avx512; rows past `out` have zero codes, so +0.
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) {
+        const __m512 even = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, unsigned(16 + 4 * b)), table);
+        const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, unsigned(4 * b)), table);
+        _mm512_storeu_ps(panel + (8 * t + 2 * b) * kGemmNR, _mm512_mul_ps(even, s));
+        _mm512_storeu_ps(panel + (8 * t + 2 * b + 1) * kGemmNR, _mm512_mul_ps(odd, s));
+      }
+    }
+  }
+}
+
 namespace {
 
 // bf16 bits of the e2m1 codes, twice: vpermw reads the low 5 bits of each
@@ -364,6 +391,16 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
   const int lowest = range.lowest(), highest = range.highest();
   *min_exponent = lowest - 9;
   return nan == 0 && lowest >= 10 && highest <= 246;
+}
+
+void spread_panel_pairs_avx512(int64_t kp, float* panel) {
+  static_assert(kGemmNR == 16, "one zmm lane per panel row");
+  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  for (int64_t j = kp - 1; j >= 0; --j) {
+    const __m512i pair = _mm512_loadu_si512(panel + 16 * j);
+    _mm512_storeu_si512(panel + 32 * j, _mm512_and_si512(pair, high));
+    _mm512_storeu_si512(panel + 32 * j + 16, _mm512_slli_epi32(pair, 16));
+  }
 }
 
 }  // namespace dsv4
