@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu.h"
 #include "test_util.h"
 
 namespace dsv4 {
@@ -142,6 +143,8 @@ TEST(Bench, DecodeJson) {
   const double gbps = j.at("read_bandwidth_gbps").get<double>();
   EXPECT_GT(gbps, 0.0);
   EXPECT_EQ(j.at("read_bandwidth").at("buffer_bytes").get<int64_t>(), int64_t(64) << 20);
+  EXPECT_EQ(j.at("kernel_isa").get<std::string>(), isa_name(kernel_isa()));
+  EXPECT_EQ(j.at("gemv_isa").get<std::string>(), isa_name(gemv_isa()));
   ASSERT_TRUE(j.contains("decode") && j["decode"].is_array());
   ASSERT_EQ(j["decode"].size(), 2u);
   for (size_t i = 0; i < 2; ++i) {

@@ -442,6 +442,8 @@ json decode_report_json(const BenchModel& model, const Engine& e, const Bandwidt
             {"load_seconds", model.load_seconds}};
   return {{"model", m},
           {"threads", bw.threads},
+          {"kernel_isa", isa_name(kernel_isa())},
+          {"gemv_isa", isa_name(gemv_isa())},
           {"read_bandwidth_gbps", bw.gbps},
           {"read_bandwidth",
            {{"gbps", bw.gbps}, {"gbps_start", bw_start}, {"gbps_end", bw_end}, {"buffer_bytes", bw.buffer_bytes},

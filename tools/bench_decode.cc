@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/stage_timer.h"
 
@@ -135,8 +136,9 @@ json decode_runs_json(const std::vector<DecodeRun>& runs, double gbps) {
 
 void print_decode_runs(const std::vector<DecodeRun>& runs, const BandwidthResult& bw, double bw_start,
                        double bw_end) {
-  std::printf("read bandwidth: %.2f GB/s on %d threads (start %.2f, end %.2f; buffer %zu MiB, LLC %zu KiB)\n\n",
+  std::printf("read bandwidth: %.2f GB/s on %d threads (start %.2f, end %.2f; buffer %zu MiB, LLC %zu KiB)\n",
               bw.gbps, bw.threads, bw_start, bw_end, bw.buffer_bytes >> 20, bw.llc_bytes >> 10);
+  std::printf("GEMM kernels: %s, GEMV kernels: %s\n\n", isa_name(kernel_isa()), isa_name(gemv_isa()));
   std::printf("decode: streams forked from one prefilled prompt of 'context' tokens, each fed its own first token\n"
               "(untimed), then timed steps of greedy tokens\n");
   std::printf("  %7s %7s %6s %9s %10s %9s %10s %9s %8s %9s %10s\n", "streams", "context", "steps", "tokens/s",
