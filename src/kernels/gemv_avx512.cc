@@ -169,6 +169,75 @@ void bf16_panel_tile(const Weight& w, int64_t o0, const float* x, int64_t ldx, S
   }
 }
 
+// Past kGemvTileInputRows input rows (16 streams decoding together), two
+// sets of rows take turns over blocks of kPairBlock steps of k (16 KB of
+// two panels), as gemv_avx512bf16.cc pair_tile does on vdpbf16ps: the
+// second set reads each block from L1 and meanwhile asks for the next,
+// instead of a second pass over the whole tile from L2 while the memory
+// idles. Each chain still runs in ascending k.
+constexpr int64_t kPairBlock = 128;
+
+template <int G, int MR, bool kPrefetchNext>
+void bf16_panel_steps(const uint32_t* const (&panel)[G], const float* x, int64_t ldx, int64_t j0, int64_t j1,
+                      int64_t kp, Sums<G, MR>& sums) {
+  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
+  Sums<G, MR> acc = sums;
+  for (int64_t j = j0; j < j1; ++j) {
+    __m512 even[G], odd[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      if (kPrefetchNext && j + kPairBlock < kp)
+        _mm_prefetch(reinterpret_cast<const char*>(panel[g] + (j + kPairBlock) * kLanes), _MM_HINT_T0);
+      const __m512i v = _mm512_load_si512(panel[g] + j * kLanes);
+      even[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+      odd[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    acc.fma(x + 2 * j, ldx, even);
+    acc.fma(x + 2 * j + 1, ldx, odd);
+  }
+  sums = acc;
+}
+
+// Rows o0 .. o0 + n - 1 (G panels) for kGemvTileInputRows + MR input rows.
+template <int G, int MR>
+void bf16_panel_two_sets(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t n, float* y,
+                         int64_t ldy) {
+  const int64_t kp = w.in / 2;
+  const uint32_t* panel[G];
+  __mmask16 keep[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    panel[g] = w.pair_panels + (o0 / kLanes + g) * kp * kLanes;
+    const int64_t left = n - g * kLanes;
+    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+  }
+  Sums<G, kGemvTileInputRows> first;
+  Sums<G, MR> second;
+  for (int64_t j0 = 0; j0 < kp; j0 += kPairBlock) {
+    const int64_t j1 = j0 + kPairBlock < kp ? j0 + kPairBlock : kp;
+    bf16_panel_steps<G, kGemvTileInputRows, false>(panel, x, ldx, j0, j1, kp, first);
+    bf16_panel_steps<G, MR, true>(panel, x + kGemvTileInputRows * ldx, ldx, j0, j1, kp, second);
+  }
+  first.store(keep, y, ldy, 1);
+  second.store(keep, y + kGemvTileInputRows * ldy, ldy, 1);
+}
+
+template <int G>
+void bf16_panel_two_sets_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t n,
+                              float* y, int64_t ldy) {
+  static_assert(kGemvTileInputRows == 8, "one case per row count");
+  switch (M - kGemvTileInputRows) {
+    case 1: return bf16_panel_two_sets<G, 1>(w, x, ldx, o0, n, y, ldy);
+    case 2: return bf16_panel_two_sets<G, 2>(w, x, ldx, o0, n, y, ldy);
+    case 3: return bf16_panel_two_sets<G, 3>(w, x, ldx, o0, n, y, ldy);
+    case 4: return bf16_panel_two_sets<G, 4>(w, x, ldx, o0, n, y, ldy);
+    case 5: return bf16_panel_two_sets<G, 5>(w, x, ldx, o0, n, y, ldy);
+    case 6: return bf16_panel_two_sets<G, 6>(w, x, ldx, o0, n, y, ldy);
+    case 7: return bf16_panel_two_sets<G, 7>(w, x, ldx, o0, n, y, ldy);
+    default: return bf16_panel_two_sets<G, 8>(w, x, ldx, o0, n, y, ldy);
+  }
+}
+
 template <int G, int MR>
 bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t stride, int64_t n, float* y,
           int64_t ldy) {
@@ -205,6 +274,13 @@ bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t 
 }
 
 }  // namespace
+
+void gemv_pair_panel_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t n,
+                                 float* y, int64_t ldy) {
+  static_assert(kGemvPanelInputRows == 2 * kGemvTileInputRows, "two sets of rows");
+  if (n > kLanes) return bf16_panel_two_sets_rows<2>(w, x, M, ldx, o0, n, y, ldy);
+  bf16_panel_two_sets_rows<1>(w, x, M, ldx, o0, n, y, ldy);
+}
 
 bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
                       float* y, int64_t ldy) {

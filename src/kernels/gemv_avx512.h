@@ -49,6 +49,13 @@ bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride);
 bool gemv_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
                       float* y, int64_t ldy);
 
+// Rows o0 .. o0 + n - 1 (n ≤ kGemvTileRows; o0 a multiple of 16) of a BF16
+// weight's pair panels for kGemvTileInputRows < M ≤ kGemvPanelInputRows
+// input rows on fp32 FMAs, in one pass: the two sets of rows take turns
+// over blocks of k.
+void gemv_pair_panel_tile_avx512(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t n,
+                                 float* y, int64_t ldy);
+
 // The same rows (pair panels only) on vdpbf16ps, for M ≤
 // kGemvPanelInputRows input rows given as pairs (xp: rows of w.in / 2
 // dwords, stride ldxp; k in the high half): the caller has checked that
