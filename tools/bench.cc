@@ -455,18 +455,23 @@ json decode_report_json(const BenchModel& model, const Engine& e, const Bandwidt
 // --decode: the read bandwidth at the start and at the end (the larger
 // counts: other processes lower it), between them one prompt of --context
 // tokens prefilled once and every --streams count decoded from forks of it.
+// The start is taken before the model loads: with a Flash-sized model
+// resident (its packed panels on 2 MB pages, the page cache full of the
+// checkpoint) the buffer got 4 KB pages and read 22-26 GB/s where the same
+// machine gave 29-30 (the Xeon of session 28), which would flatter every
+// fraction of the bandwidth.
 int run_bench_decode(const BenchOptions& o) {
   if (dist::active()) throw Error("bench --decode runs in one process, not under mpirun");
   ThreadPool& pool = ThreadPool::global();
   BenchModel model = plan_model(o);
   Progress progress(4 + (model.tmp ? 1 : 0) + int(o.streams.size()));
   const auto t_all = Clock::now();
-  std::unique_ptr<Engine> e = generate_and_load(o, progress, model);
-  check_decode_lengths(o, *e);  // before any timing
   progress.begin("read bandwidth", 4 * o.peak_seconds);
   BandwidthResult bw = measure_read_bandwidth(pool, o.peak_seconds, o.bandwidth_bytes);
   const double bw_start = bw.gbps;
   progress.end();
+  std::unique_ptr<Engine> e = generate_and_load(o, progress, model);
+  check_decode_lengths(o, *e);  // before the prefill and decode
   progress.begin("page-in, prefill N=" + std::to_string(o.context));
   e->page_in_weights();
   const int64_t most = *std::max_element(o.streams.begin(), o.streams.end());
