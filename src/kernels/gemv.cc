@@ -57,11 +57,10 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
   const bool pairs = panels && w.pair_min_exponent != Weight::kNoPairDot;
   if (gemv_isa() != Isa::kAvx512Bf16 || (!pairs && w.kind != Weight::Kind::kFP4 && !w.fp8_panels)) return in;
-  // Past one set of input rows a BF16 tile is bound by arithmetic: where
-  // vdpbf16ps lost to fp32 FMA (core/cpu.h default_isa; the gemm runs
-  // fp32), the fp32 pair-panel tile takes it (run_tile). (FP8 panels on
-  // fp32 FMAs, 16 rows in one pass, ran 1.65x slower there: session 28.)
-  if (pairs && M > kGemvTileInputRows && kernel_isa() != Isa::kAvx512Bf16) return in;
+  // Past one set of input rows BF16 and FP8 panel tiles are bound by
+  // arithmetic: where vdpbf16ps lost to fp32 FMA (core/cpu.h default_isa;
+  // the gemm runs fp32), fp32 FMAs take them (run_tile).
+  if ((pairs || w.fp8_panels) && M > kGemvTileInputRows && kernel_isa() != Isa::kAvx512Bf16) return in;
   // The gemm's packing of A rows: the same pairs, and the same check.
   in.ld = w.in / 2 + 16;
   uint32_t* const xp = workspace<uint32_t>(Buf::kGemvInputPairs, size_t(M * in.ld));
@@ -124,6 +123,15 @@ bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, i
                                   ys + j + c + m0 * ldy, ldy);
     return true;
   }
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  if (mr > kGemvTileInputRows && w.kind == Weight::Kind::kFP8 && reads_quant_panels(w, b + j, stride)) {
+    bool ok = true;
+    for (int64_t c = 0; c < count && ok; c += 16)  // a panel (16 rows) at a time
+      ok = gemv_fp8_panel_fma_tile(w, x + m0 * ldx, mr, ldx, b + j + c, std::min<int64_t>(16, count - c),
+                                   ys + j + c + m0 * ldy, ldy);
+    if (ok) return true;
+  }
+#endif
   for (int64_t c = 0; c < count; c += kGemvTileRows)
     for (int64_t m = m0; m < m0 + mr; m += kGemvTileInputRows)
       if (!gemv_tile_avx512(w, x + m * ldx, std::min(kGemvTileInputRows, m0 + mr - m), ldx, b + j + c * stride,
@@ -284,8 +292,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
                                                                         tiles / pool.size()),
                                                       1, 8),
                 span = stride * tile_rows, spans = (rows + span - 1) / span,
-                pass_rows = panels && (in.xp || w.kind == Weight::Kind::kBF16) ? kGemvPanelInputRows
-                                                                               : kGemvTileInputRows;
+                pass_rows = panels ? kGemvPanelInputRows : kGemvTileInputRows;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};

@@ -92,6 +92,14 @@ void pack_fp4_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data, u
 // the tile with gemv_tile_avx512.
 bool gemv_fp8_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy);
+// Rows o0 .. o0 + n - 1 (one panel: o0 a multiple of 16, n ≤ 16) of w's FP8
+// panels for kGemvTileInputRows < M ≤ kGemvPanelInputRows input rows x
+// (fp32, stride ldx) on fp32 FMAs, the panel decoded as for vdpbf16ps:
+// where vdpbf16ps is the slower. False, with y partly written, where a
+// scale code is outside 10-246. Same build and CPU conditions as
+// gemv_pair_tile_avx512bf16.
+bool gemv_fp8_panel_fma_tile(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t n, float* y,
+                             int64_t ldy);
 // Writes panel `panel` of w's FP8 panels (Weight::fp8_panels): its in / 4
 // steps of 16 dwords to data. False where a code is NaN.
 bool pack_fp8_panel_avx512bf16(const Weight& w, int64_t panel, uint32_t* data);

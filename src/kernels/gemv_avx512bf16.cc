@@ -420,6 +420,57 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   return true;
 }
 
+// Steps [s0, s1) of one FP8 panel (one scale block: subtrahend sub) for MR
+// input rows on fp32 FMAs: each pair splits into its two fp32 values.
+template <int MR>
+void fp8_panel_fma_steps(const Fp8PairDecoder& dec, const uint32_t* data, int64_t steps, __m512i sub,
+                         const float* x, int64_t ldx, int64_t s0, int64_t s1, Sums<1, MR>& sums) {
+  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
+  Sums<1, MR> acc = sums;
+  for (int64_t step = s0; step < s1; ++step) {
+    if (step + kFp8StepsAhead < steps)
+      _mm_prefetch(reinterpret_cast<const char*>(data + (step + kFp8StepsAhead) * kLanes), _MM_HINT_T0);
+    __m512bh first, second;
+    dec.pairs(_mm512_load_si512(data + step * kLanes), sub, first, second);
+    const __m512i p[2] = {(__m512i)first, (__m512i)second};
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512 even[1] = {_mm512_castsi512_ps(_mm512_and_si512(p[h], hi))},
+                   odd[1] = {_mm512_castsi512_ps(_mm512_slli_epi32(p[h], 16))};
+      acc.fma(x + 4 * step + 2 * h, ldx, even);
+      acc.fma(x + 4 * step + 2 * h + 1, ldx, odd);
+    }
+  }
+  sums = acc;
+}
+
+// One FP8 panel (o0 a multiple of 16, n ≤ 16 rows) for kGemvTileInputRows +
+// MR input rows on fp32 FMAs, for CPUs where vdpbf16ps does fewer flops
+// than fp32 FMA: two sets of rows take turns over the scale blocks, the
+// second decoding the block's codes again from L1. False where a scale
+// code is outside 10-246 (the pairs would not be normal bf16 values).
+template <int MR>
+bool fp8_panel_fma_tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t n, float* y,
+                        int64_t ldy) {
+  const Fp8PairDecoder dec;
+  const int64_t steps = w.in / 4, B = w.block, scols = (w.in + B - 1) / B;
+  const uint32_t* const data = w.fp8_panels + (o0 / kLanes) * steps * kLanes;
+  const uint8_t* const scale = w.scale + (o0 / B) * scols;
+  const __mmask16 keep[1] = {n >= kLanes ? __mmask16(0xffff) : __mmask16((1u << n) - 1)};
+  Sums<1, kGemvTileInputRows> first;
+  Sums<1, MR> second;
+  for (int64_t c = 0; c < scols; ++c) {
+    if (scale[c] < kFp8PanelMinScale || scale[c] > kFp8PanelMaxScale) return false;
+    const __m512i sub = Fp8PairDecoder::subtrahend(scale[c]);
+    const int64_t s0 = c * B / 4, s1 = std::min(steps, (c + 1) * B / 4);
+    fp8_panel_fma_steps<kGemvTileInputRows>(dec, data, steps, sub, x, ldx, s0, s1, first);
+    fp8_panel_fma_steps<MR>(dec, data, steps, sub, x + kGemvTileInputRows * ldx, ldx, s0, s1, second);
+  }
+  first.store(keep, y, ldy, 1);
+  second.store(keep, y + kGemvTileInputRows * ldy, ldy, 1);
+  return true;
+}
+
 struct Fp8PanelTile {
   static constexpr int kMaxGroup = 4;
   template <int G, int MR>
@@ -557,6 +608,21 @@ bool fp8_panel_pairs_avx512bf16(const Weight& w, int64_t panel, uint32_t* pairs,
 bool gemv_fp8_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
                                     int64_t o0, int64_t n, float* y, int64_t ldy) {
   return panel_tile<Fp8PanelTile>(w, xp, M, ldxp, x_min_exponent, o0, n, y, ldy);
+}
+
+bool gemv_fp8_panel_fma_tile(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t n, float* y,
+                             int64_t ldy) {
+  static_assert(kGemvPanelInputRows == 2 * kGemvTileInputRows && kGemvTileInputRows == 8, "one case per row count");
+  switch (M - kGemvTileInputRows) {
+    case 1: return fp8_panel_fma_tile<1>(w, x, ldx, o0, n, y, ldy);
+    case 2: return fp8_panel_fma_tile<2>(w, x, ldx, o0, n, y, ldy);
+    case 3: return fp8_panel_fma_tile<3>(w, x, ldx, o0, n, y, ldy);
+    case 4: return fp8_panel_fma_tile<4>(w, x, ldx, o0, n, y, ldy);
+    case 5: return fp8_panel_fma_tile<5>(w, x, ldx, o0, n, y, ldy);
+    case 6: return fp8_panel_fma_tile<6>(w, x, ldx, o0, n, y, ldy);
+    case 7: return fp8_panel_fma_tile<7>(w, x, ldx, o0, n, y, ldy);
+    default: return fp8_panel_fma_tile<8>(w, x, ldx, o0, n, y, ldy);
+  }
 }
 
 bool gemv_fp4_panel_tile_avx512bf16(const Weight& w, const uint32_t* xp, int64_t M, int64_t ldxp, int x_min_exponent,
