@@ -43,9 +43,10 @@ Isa kernel_isa();
 // AVX512-BF16. At a few rows the time is the weights' trip from memory and
 // their decoding, which the bf16 pair decoders do in half the instructions;
 // the rate of vdpbf16ps, which lost the measurement, hardly counts. On the
-// Intel Xeon of sessions 13-18 and 28 one stream decoded 12.2 tokens/s
-// that way against 9.5 on the fp32 tiles (docs/PERFORMANCE.md). Every
-// variant gives the same bits, so any pair of them may run together.
+// Intel Xeon of sessions 13-18 and 28 one stream decoded 9.6-11.6 tokens/s
+// that way against 8.7-9.6 on the fp32 tiles (docs/PERFORMANCE.md). Past
+// 8 input rows kernels/gemv.cc still takes fp32 FMAs there. Every variant
+// gives the same bits, so any pair of them may run together.
 Isa gemv_isa();
 
 // Throws Error when `isa` is not supported here. Sets gemv_isa() too: to

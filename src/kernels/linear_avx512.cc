@@ -1,9 +1,11 @@
 // AVX-512 panel decoding: FP4 weights to fp32 panels and to bf16 pairs, FP8
 // weights to bf16 pairs.
 // Compiled with -mavx512f (CMakeLists.txt); Weight::dequant_panel(_pairs)
-// calls it only when kernel_isa() is Isa::kAvx512 or later, and the pair
+// calls it only when kernel_isa() is Isa::kAvx512 or later, the pair
 // decoders (AVX512-BW and -VBMI through target attributes) only for
-// Isa::kAvx512Bf16, which requires both. Like
+// Isa::kAvx512Bf16, which requires both, and the decoders from FP4/FP8
+// panels wherever a weight has them (packed only where gemv_isa() is
+// Isa::kAvx512Bf16). Like
 // gemm_avx512.cc this file calls no inline function or template of another
 // header: an out-of-line copy compiled here could be the one the linker
 // keeps for the whole program.

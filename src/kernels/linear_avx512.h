@@ -1,6 +1,6 @@
 // The AVX-512 panel decoders of linear_avx512.cc, which Weight::dequant_panel
-// calls when kernel_isa() is Isa::kAvx512 or later (never on CPUs without
-// AVX-512F).
+// calls when kernel_isa() is Isa::kAvx512 or later, or the weight has FP4/FP8
+// panels (never on CPUs without AVX-512F).
 #pragma once
 #include <cstdint>
 
