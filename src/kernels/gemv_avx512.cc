@@ -203,23 +203,16 @@ template <int G, int MR>
 void bf16_panel_two_sets(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t n, float* y,
                          int64_t ldy) {
   const int64_t kp = w.in / 2;
-  const uint32_t* panel[G];
-  __mmask16 keep[G];
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    panel[g] = w.pair_panels + (o0 / kLanes + g) * kp * kLanes;
-    const int64_t left = n - g * kLanes;
-    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-  }
+  const PairPanels<G> p(w, o0, n);
   Sums<G, kGemvTileInputRows> first;
   Sums<G, MR> second;
   for (int64_t j0 = 0; j0 < kp; j0 += kPairBlock) {
     const int64_t j1 = j0 + kPairBlock < kp ? j0 + kPairBlock : kp;
-    bf16_panel_steps<G, kGemvTileInputRows, false>(panel, x, ldx, j0, j1, kp, first);
-    bf16_panel_steps<G, MR, true>(panel, x + kGemvTileInputRows * ldx, ldx, j0, j1, kp, second);
+    bf16_panel_steps<G, kGemvTileInputRows, false>(p.panel, x, ldx, j0, j1, kp, first);
+    bf16_panel_steps<G, MR, true>(p.panel, x + kGemvTileInputRows * ldx, ldx, j0, j1, kp, second);
   }
-  first.store(keep, y, ldy, 1);
-  second.store(keep, y + kGemvTileInputRows * ldy, ldy, 1);
+  first.store(p.keep, y, ldy, 1);
+  second.store(p.keep, y + kGemvTileInputRows * ldy, ldy, 1);
 }
 
 template <int G>

@@ -63,28 +63,21 @@ void pair_steps(const uint32_t* const (&panel)[G], const uint32_t* xp, int64_t l
 template <int G, int MR, bool kTwoSets>
 void pair_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int64_t o0, int64_t n, float* y, int64_t ldy) {
   const int64_t kp = w.in / 2;
-  const uint32_t* panel[G];
-  __mmask16 keep[G];
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    panel[g] = w.pair_panels + (o0 / kLanes + g) * kp * kLanes;
-    const int64_t left = n - g * kLanes;
-    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-  }
+  const PairPanels<G> p(w, o0, n);
   if constexpr (kTwoSets) {
     Sums<G, kGemvTileInputRows> first;
     Sums<G, MR> second;
     for (int64_t j0 = 0; j0 < kp; j0 += kPairBlock) {
       const int64_t j1 = std::min(kp, j0 + kPairBlock);
-      pair_steps<G, kGemvTileInputRows, false>(panel, xp, ldxp, j0, j1, kp, first);
-      pair_steps<G, MR, true>(panel, xp + kGemvTileInputRows * ldxp, ldxp, j0, j1, kp, second);
+      pair_steps<G, kGemvTileInputRows, false>(p.panel, xp, ldxp, j0, j1, kp, first);
+      pair_steps<G, MR, true>(p.panel, xp + kGemvTileInputRows * ldxp, ldxp, j0, j1, kp, second);
     }
-    first.store(keep, y, ldy, 1);
-    second.store(keep, y + kGemvTileInputRows * ldy, ldy, 1);
+    first.store(p.keep, y, ldy, 1);
+    second.store(p.keep, y + kGemvTileInputRows * ldy, ldy, 1);
   } else {
     Sums<G, MR> acc;
-    pair_steps<G, MR, false>(panel, xp, ldxp, 0, kp, kp, acc);
-    acc.store(keep, y, ldy, 1);
+    pair_steps<G, MR, false>(p.panel, xp, ldxp, 0, kp, kp, acc);
+    acc.store(p.keep, y, ldy, 1);
   }
 }
 
@@ -238,10 +231,10 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   __mmask16 keep[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
-    const int64_t panel = o0 / kLanes + g, left = n - g * kLanes;
+    const int64_t panel = o0 / kLanes + g;
     data[g] = w.fp4_panels + panel * steps * kLanes;
     scale[g] = w.fp4_panel_scales + panel * blocks * kLanes;
-    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    keep[g] = panel_keep(n, g);
   }
   Sums<G, MR> acc;
   __m512i lowest = _mm512_set1_epi32(255), highest = _mm512_setzero_si512();
@@ -374,10 +367,10 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
   __mmask16 keep[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
-    const int64_t row = o0 + g * kLanes, left = n - g * kLanes;
+    const int64_t row = o0 + g * kLanes;
     data[g] = w.fp8_panels + (row / kLanes) * steps * kLanes;
     scale[g] = w.scale + (row / B) * scols;
-    keep[g] = left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    keep[g] = panel_keep(n, g);
   }
   Sums<G, MR> acc;
   int lowest = 255, highest = 0;
@@ -456,7 +449,7 @@ bool fp8_panel_fma_tile(const Weight& w, const float* x, int64_t ldx, int64_t o0
   const int64_t steps = w.in / 4, B = w.block, scols = (w.in + B - 1) / B;
   const uint32_t* const data = w.fp8_panels + (o0 / kLanes) * steps * kLanes;
   const uint8_t* const scale = w.scale + (o0 / B) * scols;
-  const __mmask16 keep[1] = {n >= kLanes ? __mmask16(0xffff) : __mmask16((1u << n) - 1)};
+  const __mmask16 keep[1] = {panel_keep(n, 0)};
   Sums<1, kGemvTileInputRows> first;
   Sums<1, MR> second;
   for (int64_t c = 0; c < scols; ++c) {

@@ -57,6 +57,27 @@ inline void transpose4(const uint8_t* const* rows, int64_t byte, __m512i out[4])
 // shorter than a page are taken `stride` apart (gemv.cc).
 constexpr int64_t kAhead = 2;
 
+// The lanes of panel g (rows 16g .. 16g + 15 of a tile of n rows from a
+// panel's start) that hold rows of the tile.
+inline __mmask16 panel_keep(int64_t n, int g) {
+  const int64_t left = n - g * kLanes;
+  return left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+}
+
+// G consecutive pair panels (Weight::pair_panels) from row o0, a multiple of
+// 16, for a tile of n rows.
+template <int G>
+struct PairPanels {
+  const uint32_t* panel[G];
+  __mmask16 keep[G];
+  PairPanels(const Weight& w, int64_t o0, int64_t n) {
+    for (int g = 0; g < G; ++g) {
+      panel[g] = w.pair_panels + (o0 / kLanes + g) * (w.in / 2) * kLanes;
+      keep[g] = panel_keep(n, g);
+    }
+  }
+};
+
 template <int G>
 struct Rows {
   const uint8_t* data[G][kLanes];
