@@ -179,12 +179,14 @@ TEST(Gemv, Bf16EqualsReferenceBitwise) {
 }
 
 // FP4 scale codes drawn from [s_lo, s_hi], and whether vdpbf16ps takes
-// them (2-252 only) or the tile runs again on fp32 FMAs.
+// them (2-252 only) or the tile runs again on fp32 FMAs. The AVX2 tiles'
+// fast decoder takes codes up to 132 (gemv_avx2.cc), the others run again
+// on its exact one.
 struct Fp4ScaleCase {
   int s_lo, s_hi;
   bool on_pairs;
 };
-constexpr Fp4ScaleCase kFp4ScaleCases[] = {{100, 140, true}, {0, 1, false}, {253, 255, false}};
+constexpr Fp4ScaleCase kFp4ScaleCases[] = {{100, 140, true}, {100, 132, true}, {0, 1, false}, {253, 255, false}};
 
 // Scale codes drawn from [s_lo, s_hi] for FP4 and FP8 panels: whether
 // vdpbf16ps takes them (FP4 2-252, FP8 10-246) and whether gemv takes them
@@ -279,6 +281,52 @@ TEST(Gemv, Bf16PairPanelsEqualReferenceBitwise) {
       }
 }
 
+// FP8 decoded once into pair panels (kernels/gemv.h pack_pair_panels),
+// where the GEMV tiles run on AVX2: the same bits on every path, and from
+// the panels alone, also for scale codes the row tiles refuse (past 134).
+// Values that are not exact bf16 values (NaN codes) keep the rows.
+TEST(Gemv, Fp8PairPanelsOnAvx2EqualReferenceBitwise) {
+  const std::vector<Isa> isas = supported_isas();
+  if (std::find(isas.begin(), isas.end(), Isa::kAvx2) == isas.end()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const Isa best = kernel_isa();
+  struct Case {
+    int block, s_lo, s_hi;
+  };
+  for (const Case c : {Case{128, 110, 134}, Case{16, 110, 134}, Case{48, 110, 134}, Case{128, 135, 160}})
+    for (const Shape& s : kShapes) {
+      if (s.in % 16 != 0) continue;
+      RandomWeight rw(Kind::kFP8, s.out, s.in, c.block, c.s_lo, c.s_hi, false, 17);
+      set_gemv_isa(Isa::kAvx2);
+      const std::shared_ptr<const uint32_t> panels = pack_pair_panels(rw.w);
+      set_kernel_isa(best);
+      ASSERT_TRUE(panels) << s.out << "x" << s.in;
+      const bool rows_decodable = c.s_hi <= 134;
+      if (rows_decodable) expect_gemv_matches(rw, "fp8 pair panels");
+      for (int64_t M : {1, 3, 8, 16}) {
+        const std::vector<float> x = random_rows(M, s.in, uint32_t(M + 5));
+        std::vector<float> ref(size_t(M * s.out)), y(size_t(M * s.out), -3.f);
+        gemv_reference(rw.w, x.data(), M, s.in, ref.data(), s.out, false, 0, s.out);
+        const std::vector<uint8_t> rows = rw.data;
+        std::fill(rw.data.begin(), rw.data.end(), uint8_t(0x77));
+        set_gemv_isa(Isa::kAvx2);
+        EXPECT_TRUE(gemv(rw.w, x.data(), M, s.in, y.data(), s.out, false, 0, s.out));
+        set_kernel_isa(best);
+        rw.data = rows;
+        EXPECT_TRUE(SameBits(y, ref)) << "from the panels alone, block " << c.block << ", scale codes " << c.s_lo
+                                      << "-" << c.s_hi << ", " << s.out << "x" << s.in << " M " << M;
+      }
+    }
+  RandomWeight nan(Kind::kFP8, 40, 256, 128, 110, 130, true, 4);
+  nan.data[300] = 0xff;
+  set_gemv_isa(Isa::kAvx2);
+  EXPECT_FALSE(pack_pair_panels(nan.w));
+  EXPECT_EQ(nan.w.pair_panels, nullptr);
+  RandomWeight plain(Kind::kFP8, 40, 256, 128, 110, 130, false, 4);
+  set_gemv_isa(Isa::kScalar);
+  EXPECT_FALSE(pack_pair_panels(plain.w)) << "FP8 pair panels only where the GEMV tiles run on AVX2";
+  set_kernel_isa(best);
+}
+
 // FP4 on vdpbf16ps (Isa::kAvx512Bf16; inputs exact bf16 values, as the
 // FP8-quantised activations are): the same bits. A tile whose scales could
 // make a product subnormal (codes below 2, whose values vdpbf16ps would
@@ -323,11 +371,11 @@ TEST(Gemv, AvailableOnlyWhereItCanRun) {
   const Isa best = kernel_isa();
   for (Isa isa : supported_isas()) {
     set_kernel_isa(isa);
-    const bool avx512 = isa >= Isa::kAvx512;
-    EXPECT_EQ(gemv_available(fp8.w, 1), avx512) << isa_name(isa);
-    EXPECT_EQ(gemv_available(fp8.w, kGemvTileInputRows), avx512) << isa_name(isa);
+    const bool vector = isa >= Isa::kAvx2;  // gemv_avx2.h, gemv_avx512.h
+    EXPECT_EQ(gemv_available(fp8.w, 1), vector) << isa_name(isa);
+    EXPECT_EQ(gemv_available(fp8.w, kGemvTileInputRows), vector) << isa_name(isa);
     // FP8 past one pass of a tile: gemm's vdpbf16ps kernel where it runs.
-    EXPECT_EQ(gemv_available(fp8.w, kGemvMaxRows), avx512 && isa != Isa::kAvx512Bf16) << isa_name(isa);
+    EXPECT_EQ(gemv_available(fp8.w, kGemvMaxRows), vector && isa != Isa::kAvx512Bf16) << isa_name(isa);
     EXPECT_FALSE(gemv_available(fp8.w, kGemvMaxRows + 1));
     EXPECT_FALSE(gemv_available(odd.w, 1));
     EXPECT_FALSE(gemv_available(f32.w, 1));

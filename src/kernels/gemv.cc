@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_micro.h"
+#include "kernels/gemv_avx2.h"
 #include "kernels/gemv_avx512.h"
 
 namespace dsv4 {
@@ -111,12 +112,21 @@ bool dot_tile(const Weight& w, const DotInput& in, int64_t m0, int64_t mr, int64
 // those cannot decode a value either.
 bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, int64_t mr, int64_t ldx, int64_t b,
               int64_t j, int64_t stride, int64_t n, float* ys, int64_t ldy) {
+  const int64_t count = (n - j + stride - 1) / stride;
+  if (gemv_isa() == Isa::kAvx2) {
+    const int64_t tile_rows = gemv_avx2_tile_rows(mr);
+    for (int64_t c = 0; c < count; c += tile_rows)
+      if (!gemv_tile_avx2(w, x + m0 * ldx, mr, ldx, b + j + c * stride, stride, std::min(tile_rows, count - c),
+                          ys + j + c * stride + m0 * ldy, ldy))
+        return false;
+    return true;
+  }
+#ifdef DSV4_HAVE_AVX512_KERNELS
   if (dot_tile(w, in, m0, mr, b, j, stride, n, ys, ldy)) {
     g_dot_tiles.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
   // Panel tiles can be longer than the fp32 tiles' kGemvTileRows.
-  const int64_t count = (n - j + stride - 1) / stride;
   if (mr > kGemvTileInputRows && w.kind == Weight::Kind::kBF16 && gemv_reads_pair_panels(w, b + j, stride)) {
     for (int64_t c = 0; c < count; c += kGemvTileRows)
       gemv_pair_panel_tile_avx512(w, x + m0 * ldx, mr, ldx, b + j + c, std::min(kGemvTileRows, count - c),
@@ -138,6 +148,10 @@ bool run_tile(const Weight& w, const DotInput& in, const float* x, int64_t m0, i
                             stride, std::min(kGemvTileRows, count - c), ys + j + c * stride + m * ldy, ldy))
         return false;
   return true;
+#else
+  (void)in;
+  return false;
+#endif
 }
 
 // Rows per tile of FP4 or FP8 panels on vdpbf16ps: up to
@@ -150,49 +164,76 @@ int64_t quant_panel_tile_rows(int64_t rows, int threads) {
   return t;
 }
 
-}  // namespace
-
-int64_t gemv_tile_count() { return g_tiles.load(std::memory_order_relaxed); }
-int64_t gemv_dot_tile_count() { return g_dot_tiles.load(std::memory_order_relaxed); }
-
-bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
-  return w.pair_panels != nullptr && stride == 1 && o0 % 16 == 0;
+// Row o of w as bf16 values (BF16: as stored; FP8: dequant_row's values,
+// false where one is not exactly a bf16 value).
+bool bf16_row(const Weight& w, int64_t o, float* scratch, uint16_t* dst) {
+  if (w.kind == Weight::Kind::kBF16) {
+    std::memcpy(dst, w.data + o * w.row_bytes(), size_t(w.in) * 2);
+    return true;
+  }
+  w.dequant_row(o, scratch);
+  for (int64_t k = 0; k < w.in; ++k) {
+    uint32_t b;
+    std::memcpy(&b, &scratch[k], 4);
+    if ((b & 0xffff) != 0 || std::isnan(scratch[k])) return false;
+    dst[k] = uint16_t(b >> 16);
+  }
+  return true;
 }
 
+bool pair_panels_pay(const Weight& w) {
+  if (w.in % 8 != 0 || w.out <= 0 || supported_isas().back() < Isa::kAvx2) return false;
+  if (w.kind == Weight::Kind::kBF16) return true;
+  // FP8 where the GEMV tiles would decode it on AVX2: there the decoding,
+  // not the memory, held the attention projections (Zen 3, session 29).
+  return w.kind == Weight::Kind::kFP8 && gemv_isa() == Isa::kAvx2;
+}
+
+}  // namespace
+
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
-#ifdef DSV4_HAVE_AVX512_KERNELS
-  if (w.kind != Weight::Kind::kBF16 || w.in % 8 != 0 || w.out <= 0 || supported_isas().back() < Isa::kAvx512)
-    return nullptr;
+  if (!pair_panels_pay(w)) return nullptr;
   const int64_t panels = (w.out + 15) / 16, kp = w.in / 2;
   const std::shared_ptr<uint8_t> block = huge_page_block(size_t(panels * kp * 16) * 4);
   uint32_t* const p = reinterpret_cast<uint32_t*>(block.get());
   const std::shared_ptr<const uint32_t> owner(block, p);
   std::vector<int> lo(size_t(panels), 255);
-  const int64_t row_bytes = w.row_bytes();
+  std::atomic<bool> exact{true};
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
-    for (int64_t q = p0; q < p1; ++q) {
-      const int64_t rows = std::min<int64_t>(16, w.out - 16 * q);
-      for (int64_t i = 0; i < rows; ++i)
-        lo[size_t(q)] = std::min(lo[size_t(q)], min_dot_exponent(w.data + (16 * q + i) * row_bytes, w.in));
-      // Dword j of a row is values 2j (low half) and 2j + 1: rotated, 2j
-      // goes to the high half. Rows past `out` are zeros.
+    std::vector<float> scratch(size_t(w.in));
+    std::vector<uint16_t> rows(size_t(16 * w.in), 0);  // rows past `out` are zeros
+    for (int64_t q = p0; q < p1 && exact.load(std::memory_order_relaxed); ++q) {
+      const int64_t n = std::min<int64_t>(16, w.out - 16 * q);
+      for (int64_t i = 0; i < 16; ++i) {
+        uint16_t* const row = rows.data() + i * w.in;
+        if (i >= n) {
+          std::fill(row, row + w.in, uint16_t(0));
+        } else if (!bf16_row(w, 16 * q + i, scratch.data(), row)) {
+          exact.store(false, std::memory_order_relaxed);
+          return;
+        }
+        if (i < n) lo[size_t(q)] = std::min(lo[size_t(q)], min_dot_exponent(reinterpret_cast<uint8_t*>(row), w.in));
+      }
+      // Values 2j and 2j + 1 of a row: 2j to the high half.
       uint32_t* const panel = p + q * kp * 16;
       for (int64_t j = 0; j < kp; ++j)
-        for (int64_t i = 0; i < 16; ++i) {
-          uint32_t v = 0;
-          if (i < rows) std::memcpy(&v, w.data + (16 * q + i) * row_bytes + 4 * j, 4);
-          panel[j * 16 + i] = v << 16 | v >> 16;
-        }
+        for (int64_t i = 0; i < 16; ++i)
+          panel[j * 16 + i] = uint32_t(rows[size_t(i * w.in + 2 * j)]) << 16 | rows[size_t(i * w.in + 2 * j + 1)];
     }
   });
+  if (!exact.load()) return nullptr;
   const int min_exponent = *std::min_element(lo.begin(), lo.end());
   w.pair_panels = p;
   w.pair_min_exponent = min_exponent < 0 ? Weight::kNoPairDot : min_exponent;
   return owner;
-#else
-  (void)w;
-  return nullptr;
-#endif
+}
+
+int64_t gemv_tile_count() { return g_tiles.load(std::memory_order_relaxed); }
+int64_t gemv_dot_tile_count() { return g_dot_tiles.load(std::memory_order_relaxed); }
+
+bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
+  return w.pair_panels != nullptr && stride == 1 && o0 % 16 == 0 &&
+         (w.kind == Weight::Kind::kBF16 || gemv_isa() == Isa::kAvx2);
 }
 
 size_t quant_panel_bytes(const Weight& w) {
@@ -244,8 +285,7 @@ std::shared_ptr<const uint8_t> pack_quant_panels(Weight& w) {
 }
 
 bool gemv_available(const Weight& w, int64_t M) {
-#ifdef DSV4_HAVE_AVX512_KERNELS
-  if (M < 1 || M > kGemvMaxRows || gemv_isa() < Isa::kAvx512) return false;
+  if (M < 1 || M > kGemvMaxRows || gemv_isa() < Isa::kAvx2) return false;
   switch (w.kind) {
     // 16 codes of a row per step, in one block. Under Isa::kAvx512Bf16 the
     // gemm multiplies FP8 rows decoded once into bf16 pairs on vdpbf16ps;
@@ -259,14 +299,11 @@ bool gemv_available(const Weight& w, int64_t M) {
     case Weight::Kind::kBF16: return w.in % 8 == 0;
     case Weight::Kind::kF32: return false;
   }
-#endif
-  (void)w, (void)M;
   return false;
 }
 
 bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
           int64_t row_begin, int64_t row_end) {
-#ifdef DSV4_HAVE_AVX512_KERNELS
   const int64_t rows = row_end - row_begin;
   if (rows <= 0) return true;
   // A span of `stride` tiles, each taking every stride-th row: rows shorter
@@ -278,12 +315,15 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // Pair panels are read 32 rows (two sequential streams) at a time, and
   // on vdpbf16ps where that gives the same bits: the input rows are exact
   // bf16 values and no product or sum can be subnormal (gemm.h).
+  // The AVX2 tiles (gemv_avx2.h) read the rows only, 16 at a time.
   ThreadPool& pool = ThreadPool::global();
-  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || reads_quant_panels(w, row_begin, 1);
+  const bool avx2 = gemv_isa() == Isa::kAvx2;
+  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || (!avx2 && reads_quant_panels(w, row_begin, 1));
   const DotInput in = dot_input(w, panels, x, M, ldx);
-  const bool narrow = w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
+  const bool narrow = !avx2 && w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
   const bool quant_panels = in.xp && panels && w.kind != Weight::Kind::kBF16;
-  const int64_t tile_rows = narrow         ? kGemvBf16TileRows
+  const int64_t tile_rows = avx2           ? gemv_avx2_tile_rows(std::min(M, kGemvAvx2TileInputRows))
+                            : narrow       ? kGemvBf16TileRows
                             : quant_panels ? quant_panel_tile_rows(rows, pool.size())
                                            : kGemvTileRows,
                 tiles = (rows + tile_rows - 1) / tile_rows,
@@ -292,7 +332,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
                                                                         tiles / pool.size()),
                                                       1, 8),
                 span = stride * tile_rows, spans = (rows + span - 1) / span,
-                pass_rows = panels ? kGemvPanelInputRows : kGemvTileInputRows;
+                pass_rows = avx2 ? kGemvAvx2TileInputRows : panels ? kGemvPanelInputRows : kGemvTileInputRows;
   // Each span's outputs are written by the one thread that computes them,
   // so the split changes no bit; a refused tile refuses the whole call.
   std::atomic<bool> ok{true};
@@ -316,10 +356,6 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
     }
   });
   return ok.load();
-#else
-  (void)w, (void)x, (void)M, (void)ldx, (void)y, (void)ldy, (void)out_bf16, (void)row_begin, (void)row_end;
-  return false;
-#endif
 }
 
 void gemv_reference(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,

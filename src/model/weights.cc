@@ -116,6 +116,27 @@ std::shared_ptr<const uint8_t> repack_quant_panels(LayerWeights& l) {
   return block;
 }
 
+// A layer's FP8 matrices decoded to bf16 pair panels (kernels/gemv.h
+// pack_pair_panels) where the GEMV tiles run on AVX2: there decoding FP8 in
+// registers, not the memory, held decode's attention projections (Zen 3,
+// session 29), and twice the bytes decoded by a shift took less time. The
+// rows' pages are let go as for the quantised panels; prefill's gemm maps
+// them in again. A matrix whose panels would not fit in the memory
+// available now keeps its rows.
+std::vector<std::shared_ptr<const uint32_t>> repack_pair_panels(LayerWeights& l) {
+  std::vector<std::shared_ptr<const uint32_t>> owners;
+  for_each_quant_matrix(l, [&](Weight& w) {
+    if (w.kind != Weight::Kind::kFP8 || w.fp8_panels || w.out <= 0 ||
+        size_t(w.out) * size_t(w.in) * 2 >= available_memory_bytes())
+      return;
+    if (std::shared_ptr<const uint32_t> p = pack_pair_panels(w)) {
+      release_mapped_pages(w.data, size_t(w.out * w.row_bytes()));
+      owners.push_back(std::move(p));
+    }
+  });
+  return owners;
+}
+
 ExpertWeights load_expert(const Checkpoint& ck, const std::string& p, const ModelConfig& c, Weight::Kind kind) {
   const int64_t D = c.hidden_size, I = c.moe_intermediate_size;
   ExpertWeights e;
@@ -210,6 +231,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, ExpertRang
     lw.attn = load_attention(ck, p + "attn.", c, lw.kind);
     lw.ffn = load_moe(ck, p + "ffn.", c, L, e0, e1);
     lw.quant_panels = repack_quant_panels(lw);
+    lw.pair_panels = repack_pair_panels(lw);
     m.layers.push_back(std::move(lw));
   }
   return m;

@@ -68,6 +68,9 @@ struct LayerWeights {
   // One block that holds the layer's FP8 and FP4 panels (kernels/gemv.h
   // pack_quant_panels), where the kernels read them; null otherwise.
   std::shared_ptr<const uint8_t> quant_panels;
+  // The FP8 matrices' values as pair panels (kernels/gemv.h
+  // pack_pair_panels), where the GEMV tiles run on AVX2; empty otherwise.
+  std::vector<std::shared_ptr<const uint32_t>> pair_panels;
 };
 
 struct ModelWeights {
