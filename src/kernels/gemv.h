@@ -27,10 +27,10 @@ namespace dsv4 {
 // vdpbf16ps: there FP8 takes gemv up to 8 rows (session 19, Zen 4).
 constexpr int64_t kGemvMaxRows = 16;
 
-// Whether gemv can take this weight and M here: an AVX-512 CPU and kernel
-// variant (core/cpu.h), an FP8 (in and block multiples of 16), FP4 or BF16
-// (in a multiple of 8) weight, 1 ≤ M ≤ kGemvMaxRows (FP8 under avx512bf16:
-// M ≤ 8).
+// Whether gemv can take this weight and M here: gemv_isa() (core/cpu.h)
+// AVX2 (gemv_avx2.h) or AVX-512 (gemv_avx512.h), an FP8 (in and block
+// multiples of 16), FP4 or BF16 (in a multiple of 8) weight, 1 ≤ M ≤
+// kGemvMaxRows (FP8 under avx512bf16: M ≤ 8).
 bool gemv_available(const Weight& w, int64_t M);
 
 // y[m][o - row_begin] = Σ_k x[m][k] · W[o][k] for o in [row_begin, row_end),
@@ -43,12 +43,15 @@ bool gemv_available(const Weight& w, int64_t M);
 bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, bool out_bf16,
           int64_t row_begin, int64_t row_end);
 
-// Packs a BF16 weight's rows as pair panels (Weight::pair_panels), on the
-// pool's threads, points w at them and returns their owner; returns null
-// and leaves w alone where gemv would never read them (not BF16, in not a
-// multiple of 8, no AVX-512 kernels for this CPU). For the head: on flash4
-// half of a decode step's bytes, whose 16 × 16 transposes were half of the
-// BF16 tile's instructions.
+// Packs a weight's values as bf16 pair panels (Weight::pair_panels), on
+// the pool's threads, points w at them and returns their owner: a BF16
+// weight's rows (in a multiple of 8, an AVX2 or AVX-512 CPU), and, where
+// gemv_isa() is Isa::kAvx2, an FP8 weight's dequant_row values. Returns
+// null and leaves w alone otherwise, or where an FP8 value is not exactly
+// a bf16 value (a NaN code). For the head: on flash4 half of a decode
+// step's bytes, whose 16 × 16 transposes were half of the BF16 tile's
+// instructions. For FP8 on AVX2: twice the bytes, but decoding FP8 in
+// registers, not the memory, held decode's projections there.
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w);
 
 // An FP4 or FP8 weight's codes (FP4: and scales) repacked as 16-row panels

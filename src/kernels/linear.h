@@ -13,11 +13,12 @@ struct Weight {
   const uint8_t* data = nullptr;   // [out][in] (FP4: [out][in/2] packed)
   const uint8_t* scale = nullptr;  // e8m0: FP8 [ceil(out/B)][ceil(in/B)], FP4 [out][in/32]
   int block = 128;                 // FP8 weight block size
-  // Optional, BF16 only: the same rows packed once as gemm's bf16 pair
-  // panels, [ceil(out/16)][in/2][16] dwords (panel p, pair j, lane i = row
-  // 16p + i, k = 2j in the high half, 2j + 1 in the low half; rows past
-  // `out` zero), made by pack_pair_panels (kernels/gemv.h). gemv then reads
-  // 16 rows as one stream, without transposing them. pair_min_exponent:
+  // Optional: a BF16 weight's rows (or, where gemv runs on AVX2, an FP8
+  // weight's dequant_row values) packed once as gemm's bf16 pair panels,
+  // [ceil(out/16)][in/2][16] dwords (panel p, pair j, lane i = row 16p + i,
+  // k = 2j in the high half, 2j + 1 in the low half; rows past `out` zero),
+  // made by pack_pair_panels (kernels/gemv.h). gemv then reads 16 rows as
+  // one stream, without transposing them; nothing else reads them. pair_min_exponent:
   // the smallest biased exponent of the non-zero values, or kNoPairDot
   // where a value is subnormal, infinite or NaN (vdpbf16ps would flush or
   // could differ).
