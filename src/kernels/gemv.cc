@@ -315,7 +315,8 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // Pair panels are read 32 rows (two sequential streams) at a time, and
   // on vdpbf16ps where that gives the same bits: the input rows are exact
   // bf16 values and no product or sum can be subnormal (gemm.h).
-  // The AVX2 tiles (gemv_avx2.h) read the rows only, 16 at a time.
+  // The AVX2 tiles (gemv_avx2.h) read the rows, or pair panels, in tiles of
+  // gemv_avx2_tile_rows and up to kGemvAvx2TileInputRows input rows a pass.
   ThreadPool& pool = ThreadPool::global();
   const bool avx2 = gemv_isa() == Isa::kAvx2;
   const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || (!avx2 && reads_quant_panels(w, row_begin, 1));
