@@ -201,19 +201,18 @@ std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w) {
   std::atomic<bool> exact{true};
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
     std::vector<float> scratch(size_t(w.in));
-    std::vector<uint16_t> rows(size_t(16 * w.in), 0);  // rows past `out` are zeros
+    std::vector<uint16_t> rows(size_t(16 * w.in));
     for (int64_t q = p0; q < p1 && exact.load(std::memory_order_relaxed); ++q) {
       const int64_t n = std::min<int64_t>(16, w.out - 16 * q);
-      for (int64_t i = 0; i < 16; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         uint16_t* const row = rows.data() + i * w.in;
-        if (i >= n) {
-          std::fill(row, row + w.in, uint16_t(0));
-        } else if (!bf16_row(w, 16 * q + i, scratch.data(), row)) {
+        if (!bf16_row(w, 16 * q + i, scratch.data(), row)) {
           exact.store(false, std::memory_order_relaxed);
           return;
         }
-        if (i < n) lo[size_t(q)] = std::min(lo[size_t(q)], min_dot_exponent(reinterpret_cast<uint8_t*>(row), w.in));
+        lo[size_t(q)] = std::min(lo[size_t(q)], min_dot_exponent(reinterpret_cast<uint8_t*>(row), w.in));
       }
+      std::fill(rows.begin() + n * w.in, rows.end(), uint16_t(0));  // rows past `out` are zeros
       // Values 2j and 2j + 1 of a row: 2j to the high half.
       uint32_t* const panel = p + q * kp * 16;
       for (int64_t j = 0; j < kp; ++j)

@@ -180,6 +180,12 @@ inline void load_lines(const Rows<G>& r, int64_t byte, int dwords, Lines<G>& out
 // (low 7 bits all ones) are found with a carry into bit 7.
 constexpr int kFp8MaxScaleCode = 134;
 
+// Whether no lane of v is above limit (the tiles' check of the largest
+// scale code they met).
+bool lanes_at_most(__m256i v, int32_t limit) {
+  return _mm256_testz_si256(_mm256_cmpgt_epi32(v, _mm256_set1_epi32(limit)), _mm256_set1_epi32(-1));
+}
+
 template <int G, int MR>
 bool fp8_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Sums<G, MR>& sums) {
   Sums<G, MR> acc = sums;
@@ -222,12 +228,8 @@ bool fp8_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
     }
   }
   sums = acc;
-  alignas(32) int32_t s[kLanes];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(s), max_scale);
-  int top = 0;
-  for (int i = 0; i < kLanes; ++i) top = s[i] > top ? s[i] : top;
   const bool any_nan = !_mm256_testz_si256(nan, _mm256_set1_epi32(int32_t(0x80808080u)));
-  return !any_nan && top <= kFp8MaxScaleCode;
+  return !any_nan && lanes_at_most(max_scale, kFp8MaxScaleCode);
 }
 
 // ---- FP4 -------------------------------------------------------------------
@@ -274,13 +276,7 @@ struct Fp4Fast {
     const __m256i top = N / 2 < 3 ? _mm256_slli_epi32(b, 8 * (3 - N / 2)) : b;
     return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 5), keep_bits)), factor[g]);
   }
-  bool ok() const {
-    alignas(32) int32_t c[kLanes];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(c), max_code);
-    for (int i = 0; i < kLanes; ++i)
-      if (c[i] > kFp4MaxFastScaleCode) return false;
-    return true;
-  }
+  bool ok() const { return lanes_at_most(max_code, kFp4MaxFastScaleCode); }
 };
 
 template <int G>
