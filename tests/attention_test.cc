@@ -30,13 +30,14 @@ std::vector<float> attend(const std::vector<float>& q, const std::vector<std::ve
 }
 
 // attend_query (every kernel variant) against the per-head definition, bit
-// for bit: head counts off the 16-lane and 64-head tiles, odd d (a padded
-// last pair), key counts off the 6-key tiles, keys in any order; scores
-// wide enough that exp underflows to subnormals and zero, sinks that
-// dominate or overflow. The BF16 kernel must decline (and the fp32 one give
-// the same bits) for tiny keys or one tiny q value (products near the
-// subnormal range) and for a q that is not bf16; the large cases are the
-// ones where a one-ulp change inside shows through the bf16 outputs.
+// for bit: head counts off the 8- and 16-lane vectors and the head tiles,
+// odd d (a padded last pair), d off the 8-dword column blocks, key counts
+// off the key tiles, keys in any order; scores wide enough that exp
+// underflows to subnormals and zero, sinks that dominate or overflow. The
+// BF16 kernel must decline (and the fp32 one give the same bits) for tiny
+// keys or one tiny q value (products near the subnormal range) and for a q
+// that is not bf16; the large cases are the ones where a one-ulp change
+// inside shows through the bf16 outputs.
 TEST(StageAttention, AllHeadsEqualPerHeadDefinitionBitwise) {
   Rng rng(251);
   const dsv4::Isa best = dsv4::kernel_isa();

@@ -1,7 +1,7 @@
 // exp for the attention softmax, defined by its own sequence of fp32
-// operations so that a vector version (kernels/sparse_attention_avx512.cc)
-// can give exactly the bits of this scalar one. std::exp is a library call
-// whose bits differ between libm versions and which does not vectorise.
+// operations so that the vector versions (exp_f32_lanes below) can give
+// exactly the bits of this scalar one. std::exp is a library call whose bits
+// differ between libm versions and which does not vectorise.
 //
 // exp(x) = 2^n · e^r with n = nearest integer to x·log2(e) and
 // r = x − n·ln 2 (|r| ≤ ~0.347), ln 2 split in a 17-bit high part (n·hi is
@@ -15,6 +15,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace dsv4 {
 
@@ -60,11 +64,12 @@ inline float exp_f32(float x) {
 namespace {
 
 // exp_f32 on a vector of lanes, each lane taking exp_f32's operations and so
-// its bits: written once for the 8-lane AVX2 version (kernels/swiglu.cc) and
-// the 16-lane AVX-512 one (kernels/sparse_attention_avx512.cc). F is the
-// vector type, V gives the steps that need a width's intrinsics: splat(v),
-// clamp(x, lo, hi) = min(max(x, lo), hi) (a NaN x gives lo), round(x) to the
-// nearest integer and fma(a, b, c) = a·b + c rounded once. The rest is
+// its bits: written once for the 8-lane AVX2 versions (kernels/swiglu.cc,
+// kernels/sparse_attention_avx2.cc) and the 16-lane AVX-512 one
+// (kernels/sparse_attention_avx512.cc). F is the vector type, V gives the
+// steps that need a width's intrinsics: splat(v), clamp(x, lo, hi) =
+// min(max(x, lo), hi) (a NaN x gives lo), round(x) to the nearest integer
+// and fma(a, b, c) = a·b + c rounded once. The rest is
 // GCC's (and clang's) vector operators, which serve either width: the
 // products, the integer steps, and the NaN select x == x ? y : x (a compare
 // and a blend). min and max stay intrinsics: the same select with a
@@ -87,6 +92,16 @@ F exp_f32_lanes(F x) {
   const F s1 = (F)((n1 + 127) << 23), s2 = (F)((n2 + 127) << 23);
   return x == x ? (p * s1) * s2 : x;
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+// The 8-lane steps of exp_f32_lanes.
+struct Lanes8 {
+  static __m256 splat(float v) { return _mm256_set1_ps(v); }
+  static __m256 clamp(__m256 x, __m256 lo, __m256 hi) { return _mm256_min_ps(_mm256_max_ps(x, lo), hi); }
+  static __m256 round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#endif
 
 }  // namespace
 

@@ -35,10 +35,9 @@ float key_value(const uint32_t* row, int64_t i) {
 }
 
 // The scores, softmax and weighted sum of the definition on gemm (its FMA
-// chains are the definition's), for the CPUs without AVX-512.
+// chains are the definition's): Isa::kScalar's path.
 void attend_query_gemm(const float* q, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
-                       const float* sinks, float* out) {
-  const float scale = 1.0f / std::sqrt(float(d));
+                       const float* sinks, float scale, float* out) {
   float* const s = workspace<float>(Buf::kAttentionScores, size_t(H * nkeys));  // every score is written by the gemm
   auto key_panel = [&](int64_t n0, float* panel) {
     for (int j = 0; j < kGemmNR; ++j)
@@ -78,18 +77,28 @@ void attend_query(const float* q, int64_t H, const uint32_t* const* keys, int64_
     std::fill(out, out + H * d, 0.f);
     return;
   }
-#ifdef DSV4_HAVE_AVX512_KERNELS
   const Isa isa = kernel_isa();
+  const float scale = 1.0f / std::sqrt(float(d));
+#ifdef DSV4_HAVE_AVX512_KERNELS
   if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) {
     const int64_t Hp = round_up<int64_t>(H, 16), dp = key_pair_count(d);
     const AttentionScratch ws{workspace<float>(Buf::kAttentionScores, size_t(nkeys * Hp)),
                               workspace<uint32_t>(Buf::kAttentionQPairs, size_t(Hp * dp)),
                               workspace<float>(Buf::kAttentionQColumns, size_t(Hp * 2 * dp))};
-    return attend_query_avx512(q, H, keys, nkeys, d, key_min_exponent, sinks, 1.0f / std::sqrt(float(d)), out,
-                               isa == Isa::kAvx512Bf16, ws);
+    return attend_query_avx512(q, H, keys, nkeys, d, key_min_exponent, sinks, scale, out, isa == Isa::kAvx512Bf16,
+                               ws);
   }
 #endif
-  attend_query_gemm(q, H, keys, nkeys, d, sinks, out);
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == Isa::kAvx2) {
+    const int64_t Hp = round_up<int64_t>(H, 8);
+    const AttentionScratch ws{workspace<float>(Buf::kAttentionScores, size_t(nkeys * Hp)), nullptr,
+                              workspace<float>(Buf::kAttentionQColumns, size_t(Hp * 2 * key_pair_count(d)))};
+    return attend_query_avx2(q, H, keys, nkeys, d, sinks, scale, out, ws);
+  }
+#endif
+  (void)isa;
+  attend_query_gemm(q, H, keys, nkeys, d, sinks, scale, out);
 }
 
 void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out) {

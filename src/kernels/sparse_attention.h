@@ -37,11 +37,13 @@ void attend_query(const float* q, int64_t H, const uint32_t* const* keys, int64_
 // The definition for one head over fp32 key rows: plain loops.
 void attend_head(const float* q, const float* const* keys, int64_t nkeys, int64_t d, float sink, float* out);
 
-// sparse_attention_avx512.cc, where kernel_isa() allows Isa::kAvx512:
-// attend_query on 16-lane vectors (nkeys > 0, scale = d^(−1/2)); `bf16_dot`:
-// the scores may use vdpbf16ps (Isa::kAvx512Bf16). Its working memory, with
-// Hp = H rounded up to 16 and dp = key_pair_count(d): scores nkeys × Hp,
-// q_pairs Hp × dp, q_columns Hp × 2·dp.
+// The vector kernels. sparse_attention_avx512.cc, where kernel_isa() allows
+// Isa::kAvx512: attend_query on 16-lane vectors (nkeys > 0, scale =
+// d^(−1/2)); `bf16_dot`: the scores may use vdpbf16ps (Isa::kAvx512Bf16).
+// Its working memory, with Hp = H rounded up to 16 and dp =
+// key_pair_count(d): scores nkeys × Hp, q_pairs Hp × dp, q_columns Hp × 2·dp.
+// sparse_attention_avx2.cc, where kernel_isa() is Isa::kAvx2: the same on
+// 8-lane vectors, with Hp = H rounded up to 8 and no q_pairs.
 struct AttentionScratch {
   float* scores;
   uint32_t* q_pairs;
@@ -50,5 +52,7 @@ struct AttentionScratch {
 void attend_query_avx512(const float* q, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
                          int key_min_exponent, const float* sinks, float scale, float* out, bool bf16_dot,
                          const AttentionScratch& scratch);
+void attend_query_avx2(const float* q, int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t d,
+                       const float* sinks, float scale, float* out, const AttentionScratch& scratch);
 
 }  // namespace dsv4

@@ -22,16 +22,6 @@ float swiglu_one(float g, float u, float limit, float weight) {
   return g / (1.0f + exp_f32(-g)) * u * weight;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-// The 8-lane steps of exp_f32_lanes (kernels/exp.h).
-struct Lanes8 {
-  static __m256 splat(float v) { return _mm256_set1_ps(v); }
-  static __m256 clamp(__m256 x, __m256 lo, __m256 hi) { return _mm256_min_ps(_mm256_max_ps(x, lo), hi); }
-  static __m256 round(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-};
-#endif
-
 }  // namespace
 
 void swiglu_bf16_reference(const float* g, const float* u, int64_t n, float limit, float weight, float* h) {
