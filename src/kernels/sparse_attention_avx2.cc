@@ -25,10 +25,11 @@ namespace dsv4 {
 namespace {
 
 constexpr int kLanes = 8;
-// Score tile: 2 keys × 4 head vectors. Per pair dword, the 4 vectors of q's
-// even (then odd) column are held while both keys' values meet them: 8
-// accumulators + 4 q + the split key value + its mask are 14 of the 16 ymm
-// registers, and 12 loads feed 16 FMAs (Zen 3 loads two ymm a cycle).
+// Score tile: 2 keys × 4 head vectors, 8 accumulators. Per pair dword, each
+// key's even (then odd) value meets 4 vectors of q's column, which GCC
+// takes as the FMAs' memory operands: 18 loads (2 of them broadcasts) feed
+// 16 FMAs, about what Zen 3's two ymm loads a cycle allow; it ran at ~75%
+// of one thread's FMA peak (docs/PERFORMANCE_LOG.md, session 30).
 constexpr int kScoreRows = 2;
 constexpr int kMaxGroups = 4;
 // Weighted-sum tile: 6 heads × 16 columns, 12 accumulators; one 8-dword load
@@ -81,8 +82,8 @@ void score_rows(int rows, const uint32_t* const* keys, int64_t dp, const float* 
 
 // S[j][h] = q_h · key_j (unscaled), in tiles of kScoreRows keys by up to
 // kMaxGroups head vectors.
-void compute_scores(int64_t H, const uint32_t* const* keys, int64_t nkeys, int64_t dp, const float* q_columns,
-                    float* S, int64_t Hp) {
+void compute_scores(const uint32_t* const* keys, int64_t nkeys, int64_t dp, const float* q_columns, float* S,
+                    int64_t Hp) {
   const int64_t groups = Hp / kLanes, qs = 2 * dp * kLanes;
   static_assert(kMaxGroups == 4);
   for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
@@ -209,7 +210,7 @@ void attend_query_avx2(const float* q, int64_t H, const uint32_t* const* keys, i
   const int64_t Hp = (H + kLanes - 1) / kLanes * kLanes;
   float* const S = scratch.scores;  // [nkeys][Hp]
   transpose_q(q, H, d, Hp, scratch.q_columns);
-  compute_scores(H, keys, nkeys, key_pair_count(d), scratch.q_columns, S, Hp);
+  compute_scores(keys, nkeys, key_pair_count(d), scratch.q_columns, S, Hp);
   softmax_columns(S, nkeys, H, Hp, sinks, scale);
   weighted_sum(S, Hp, H, keys, nkeys, d, out);
 }
