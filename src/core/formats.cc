@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 
-#include "core/bf16_avx2.h"
+#include "core/bf16_simd.h"
 
 namespace dsv4 {
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/bf16_simd.h"
 #include "core/cpu.h"
 #include "core/stage_timer.h"
 
@@ -106,8 +107,8 @@ __attribute__((noinline, flatten, target("avx512f,avx512bf16"))) float dpbf16_ke
 // product may pair them this way because both operands are split alike.
 inline void bf16x16(const uint16_t* p, __m256& even, __m256& odd) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+  even = bf16_low(v);
+  odd = bf16_high(v);
 }
 
 // `reps` dot products of x and y (n bf16 values, n a multiple of 32).

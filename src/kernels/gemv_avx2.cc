@@ -18,6 +18,8 @@
 
 #include <cstring>
 
+#include "core/bf16_simd.h"
+
 namespace dsv4 {
 
 namespace {
@@ -358,7 +360,6 @@ bool fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
 template <int G, int MR>
 void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Sums<G, MR>& sums) {
   Sums<G, MR> acc = sums;
-  const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
   const int64_t row_bytes = w.row_bytes(), lines = (row_bytes + 63) / 64;
   Lines<G> buf;
   for (int64_t line = 0; line < lines; ++line) {
@@ -372,8 +373,8 @@ void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, S
 #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const __m256i v = buf.load(g, d);
-        even[g] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        odd[g] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+        even[g] = bf16_low(v);
+        odd[g] = bf16_high(v);
       }
       acc.fma(x + k, ldx, even);
       acc.fma(x + k + 1, ldx, odd);
@@ -393,7 +394,6 @@ template <int G, int MR>
 void bf16_panel_tile(const Weight& w, int64_t o0, const float* x, int64_t ldx, Sums<G, MR>& sums) {
   Sums<G, MR> acc = sums;
   const int64_t kp = w.in / 2;
-  const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
   const uint32_t* half[G];
   for (int g = 0; g < G; ++g) {
     const int64_t row = o0 + kLanes * g;
@@ -404,8 +404,8 @@ void bf16_panel_tile(const Weight& w, int64_t o0, const float* x, int64_t ldx, S
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(half[g] + j * 16));
-      even[g] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
-      odd[g] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      even[g] = bf16_high(v);
+      odd[g] = bf16_low(v);
     }
     acc.fma(x + 2 * j, ldx, even);
     acc.fma(x + 2 * j + 1, ldx, odd);

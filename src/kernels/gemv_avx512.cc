@@ -11,6 +11,8 @@
 // lanes by a 16 × 16 dword transpose of whole 64-byte lines (a dword is 4
 // steps of k in FP8, 8 in FP4, 2 in BF16).
 #include "kernels/gemv_avx512.h"
+
+#include "core/bf16_simd.h"
 #include "kernels/gemv_tile_parts.h"
 
 #ifdef __AVX512F__
@@ -122,7 +124,6 @@ void fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
 // up, the second with the low half cleared.
 template <int G, int MR>
 void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Sums<G, MR>& acc) {
-  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
   const int64_t row_bytes = w.row_bytes(), lines = (row_bytes + 63) / 64;
   Lines<G> buf;
   for (int64_t line = 0; line < lines; ++line) {
@@ -136,8 +137,8 @@ void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, S
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
         const __m512i v = buf.load(g, d);
-        even[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        odd[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+        even[g] = bf16_low(v);
+        odd[g] = bf16_high(v);
       }
       acc.fma(x + k, ldx, even);
       acc.fma(x + k + 1, ldx, odd);
@@ -152,7 +153,6 @@ void bf16_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, S
 template <int G, int MR>
 void bf16_panel_tile(const Weight& w, int64_t o0, const float* x, int64_t ldx, Sums<G, MR>& acc) {
   const int64_t kp = w.in / 2;
-  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
   const uint32_t* panel[G];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) panel[g] = w.pair_panels + (o0 / kLanes + g) * kp * kLanes;
@@ -161,8 +161,8 @@ void bf16_panel_tile(const Weight& w, int64_t o0, const float* x, int64_t ldx, S
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const __m512i v = _mm512_load_si512(panel[g] + j * kLanes);
-      even[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-      odd[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      even[g] = bf16_high(v);
+      odd[g] = bf16_low(v);
     }
     acc.fma(x + 2 * j, ldx, even);
     acc.fma(x + 2 * j + 1, ldx, odd);
@@ -180,7 +180,6 @@ constexpr int64_t kPairBlock = 128;
 template <int G, int MR, bool kPrefetchNext>
 void bf16_panel_steps(const uint32_t* const (&panel)[G], const float* x, int64_t ldx, int64_t j0, int64_t j1,
                       int64_t kp, Sums<G, MR>& sums) {
-  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
   Sums<G, MR> acc = sums;
   for (int64_t j = j0; j < j1; ++j) {
     __m512 even[G], odd[G];
@@ -189,8 +188,8 @@ void bf16_panel_steps(const uint32_t* const (&panel)[G], const float* x, int64_t
       if (kPrefetchNext && j + kPairBlock < kp)
         _mm_prefetch(reinterpret_cast<const char*>(panel[g] + (j + kPairBlock) * kLanes), _MM_HINT_T0);
       const __m512i v = _mm512_load_si512(panel[g] + j * kLanes);
-      even[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-      odd[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      even[g] = bf16_high(v);
+      odd[g] = bf16_low(v);
     }
     acc.fma(x + 2 * j, ldx, even);
     acc.fma(x + 2 * j + 1, ldx, odd);

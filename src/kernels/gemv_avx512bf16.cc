@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/bf16_simd.h"
 #include "kernels/gemm.h"
 #include "kernels/gemv_tile_parts.h"
 
@@ -418,7 +419,6 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
 template <int MR>
 void fp8_panel_fma_steps(const Fp8PairDecoder& dec, const uint32_t* data, int64_t steps, __m512i sub,
                          const float* x, int64_t ldx, int64_t s0, int64_t s1, Sums<1, MR>& sums) {
-  const __m512i hi = _mm512_set1_epi32(int32_t(0xffff0000u));
   Sums<1, MR> acc = sums;
   for (int64_t step = s0; step < s1; ++step) {
     if (step + kFp8StepsAhead < steps)
@@ -428,8 +428,7 @@ void fp8_panel_fma_steps(const Fp8PairDecoder& dec, const uint32_t* data, int64_
     const __m512i p[2] = {(__m512i)first, (__m512i)second};
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m512 even[1] = {_mm512_castsi512_ps(_mm512_and_si512(p[h], hi))},
-                   odd[1] = {_mm512_castsi512_ps(_mm512_slli_epi32(p[h], 16))};
+      const __m512 even[1] = {bf16_high(p[h])}, odd[1] = {bf16_low(p[h])};
       acc.fma(x + 4 * step + 2 * h, ldx, even);
       acc.fma(x + 4 * step + 2 * h + 1, ldx, odd);
     }

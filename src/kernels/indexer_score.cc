@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/bf16_avx2.h"
+#include "core/bf16_simd.h"
 #include "core/formats.h"
 
 namespace dsv4 {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/arith.h"
+#include "core/bf16_simd.h"
 #include "core/cpu.h"
 #include "core/formats.h"
 #include "core/scratch.h"
@@ -242,9 +243,8 @@ void panel_plain_rows16(const Weight& w, const Rows8 (&r)[2], float* panel) {
           if constexpr (kPerDword == 1) {
             put8<kFull>(dst, _mm256_castsi256_ps(v[j]), r[h]);
           } else {
-            const __m256i hi = _mm256_set1_epi32(int32_t(0xffff0000u));
-            put8<kFull>(dst, _mm256_castsi256_ps(_mm256_slli_epi32(v[j], 16)), r[h]);
-            put8<kFull>(dst + kGemmNR, _mm256_castsi256_ps(_mm256_and_si256(v[j], hi)), r[h]);
+            put8<kFull>(dst, bf16_low(v[j]), r[h]);
+            put8<kFull>(dst + kGemmNR, bf16_high(v[j]), r[h]);
           }
         }
       }

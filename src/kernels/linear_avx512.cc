@@ -18,6 +18,7 @@
 // rebuild the sign and can only fill half a panel row).
 #include "kernels/linear_avx512.h"
 
+#include "core/bf16_simd.h"
 #include "kernels/gemm.h"
 
 #ifdef __AVX512F__
@@ -397,11 +398,10 @@ __attribute__((target("avx512bw"))) bool panel_fp8_pairs_avx512(const Weight& w,
 
 void spread_panel_pairs_avx512(int64_t kp, float* panel) {
   static_assert(kGemmNR == 16, "one zmm lane per panel row");
-  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
   for (int64_t j = kp - 1; j >= 0; --j) {
     const __m512i pair = _mm512_loadu_si512(panel + 16 * j);
-    _mm512_storeu_si512(panel + 32 * j, _mm512_and_si512(pair, high));
-    _mm512_storeu_si512(panel + 32 * j + 16, _mm512_slli_epi32(pair, 16));
+    _mm512_storeu_ps(panel + 32 * j, bf16_high(pair));
+    _mm512_storeu_ps(panel + 32 * j + 16, bf16_low(pair));
   }
 }
 

@@ -17,6 +17,7 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+#include "core/bf16_simd.h"
 #include "core/formats.h"
 #include "kernels/exp.h"
 
@@ -35,9 +36,6 @@ constexpr int kMaxGroups = 4;
 // Weighted-sum tile: 6 heads × 16 columns, 12 accumulators; one 8-dword load
 // and 6 broadcasts of P feed 12 FMAs.
 constexpr int kPvHeads = 6;
-
-__m256 even_value(__m256i w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
-__m256 odd_value(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
 
 // S[r][v·8 + lane] for R keys and NG head vectors: qt[i][lane] is q's value i
 // of head lane of the first vector (i < 2·dp), vectors qstride apart.
@@ -60,7 +58,7 @@ void scores_tile(const uint32_t* const* keys, int64_t dp, const float* qt, int64
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i w = _mm256_set1_epi32(int(k[r][p]));
-        const __m256 a = half == 0 ? even_value(w) : odd_value(w);
+        const __m256 a = half == 0 ? bf16_high(w) : bf16_low(w);
 #pragma GCC unroll 8
         for (int v = 0; v < NG; ++v) c[r][v] = _mm256_fmadd_ps(a, b[v], c[r][v]);
       }
@@ -157,7 +155,7 @@ void weighted_sum_tile(const uint32_t* const* keys, int64_t nkeys, const float* 
     // two thirds of the rate of plain loads.
     const __m256i w = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k))
                            : _mm256_maskload_epi32(reinterpret_cast<const int*>(k), m);
-    const __m256 e = even_value(w), od = odd_value(w);
+    const __m256 e = bf16_high(w), od = bf16_low(w);
     const float* const p = P + j * ldp;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {

@@ -14,6 +14,7 @@
 // sum per head), and the weighted sum reads the pair rows again: a dword's
 // high half is an even column, its low half the next odd one, so even and
 // odd columns go to two accumulators and are interleaved once at the end.
+#include "core/bf16_simd.h"
 #include "core/formats.h"
 #include "kernels/exp.h"
 #include "kernels/gemm.h"
@@ -148,10 +149,9 @@ void weighted_sum_tile(const uint32_t* const* keys, int64_t nkeys, const float* 
   __m512 even[R], odd[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
-  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
   for (int64_t j = 0; j < nkeys; ++j) {
     const __m512i w = _mm512_maskz_loadu_epi32(m, keys[j] + c0);
-    const __m512 e = _mm512_castsi512_ps(_mm512_and_si512(w, hi)), od = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    const __m512 e = bf16_high(w), od = bf16_low(w);
     const float* p = P + j * ldp;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
