@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "core/bf16_simd.h"
+#include "core/prefetch.h"
 
 namespace dsv4 {
 
@@ -55,7 +56,7 @@ struct Rows {
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
       for (int i = 0; i < kLanes; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(data[g][i]) + 64 * (line + kAhead), _MM_HINT_T1);
+        prefetch_l2(data[g][i] + 64 * (line + kAhead));
   }
   // Byte `col` of every lane's scale row, one per lane.
   __m256i scale_codes(int g, int64_t col) const {

@@ -186,7 +186,7 @@ void bf16_panel_steps(const uint32_t* const (&panel)[G], const float* x, int64_t
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       if (kPrefetchNext && j + kPairBlock < kp)
-        _mm_prefetch(reinterpret_cast<const char*>(panel[g] + (j + kPairBlock) * kLanes), _MM_HINT_T0);
+        prefetch_l1(panel[g] + (j + kPairBlock) * kLanes);
       const __m512i v = _mm512_load_si512(panel[g] + j * kLanes);
       even[g] = bf16_high(v);
       odd[g] = bf16_low(v);

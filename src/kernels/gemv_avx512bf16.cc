@@ -38,7 +38,7 @@ void pair_steps(const uint32_t* const (&panel)[G], const uint32_t* xp, int64_t l
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       if (kPrefetchNext && j + kPairBlock < kp)
-        _mm_prefetch(reinterpret_cast<const char*>(panel[g] + (j + kPairBlock) * kLanes), _MM_HINT_T0);
+        prefetch_l1(panel[g] + (j + kPairBlock) * kLanes);
       b[g] = (__m512bh)_mm512_load_si512(panel[g] + j * kLanes);
     }
 #pragma GCC unroll 8
@@ -246,12 +246,11 @@ bool fp4_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
       if (b + kPanelAhead < blocks)
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q)
-          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (4 * (b + kPanelAhead) + q) * kLanes), _MM_HINT_T0);
+          prefetch_l1(data[g] + (4 * (b + kPanelAhead) + q) * kLanes);
       if (b + kPanelFarAhead < blocks)
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q)
-          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (4 * (b + kPanelFarAhead) + q) * kLanes),
-                       _MM_HINT_T1);
+          prefetch_l2(data[g] + (4 * (b + kPanelFarAhead) + q) * kLanes);
       const __m512i s =
           _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(scale[g] + b * kLanes)));
       lowest = _mm512_mask_min_epu32(lowest, keep[g], lowest, s);
@@ -390,9 +389,9 @@ bool fp8_panel_tile(const Weight& w, const uint32_t* xp, int64_t ldxp, int x_min
 #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         if (step + kFp8StepsAhead < steps)
-          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (step + kFp8StepsAhead) * kLanes), _MM_HINT_T0);
+          prefetch_l1(data[g] + (step + kFp8StepsAhead) * kLanes);
         if (step + kFp8StepsFarAhead < steps)
-          _mm_prefetch(reinterpret_cast<const char*>(data[g] + (step + kFp8StepsFarAhead) * kLanes), _MM_HINT_T1);
+          prefetch_l2(data[g] + (step + kFp8StepsFarAhead) * kLanes);
         dec.pairs(_mm512_load_si512(data[g] + step * kLanes), sub[g], first[g], second[g]);
       }
 #pragma GCC unroll 16
@@ -422,7 +421,7 @@ void fp8_panel_fma_steps(const Fp8PairDecoder& dec, const uint32_t* data, int64_
   Sums<1, MR> acc = sums;
   for (int64_t step = s0; step < s1; ++step) {
     if (step + kFp8StepsAhead < steps)
-      _mm_prefetch(reinterpret_cast<const char*>(data + (step + kFp8StepsAhead) * kLanes), _MM_HINT_T0);
+      prefetch_l1(data + (step + kFp8StepsAhead) * kLanes);
     __m512bh first, second;
     dec.pairs(_mm512_load_si512(data + step * kLanes), sub, first, second);
     const __m512i p[2] = {(__m512i)first, (__m512i)second};

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "core/prefetch.h"
 #include "kernels/linear.h"
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge
@@ -103,7 +104,7 @@ struct Rows {
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(data[g][i]) + 64 * (line + kAhead), _MM_HINT_T1);
+        prefetch_l2(data[g][i] + 64 * (line + kAhead));
   }
   // The e8m0 codes of scale column `col` of group g, one per lane.
   __m512i scale_codes(int g, int64_t col) const {

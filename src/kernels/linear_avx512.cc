@@ -19,6 +19,7 @@
 #include "kernels/linear_avx512.h"
 
 #include "core/bf16_simd.h"
+#include "core/prefetch.h"
 #include "kernels/gemm.h"
 
 #ifdef __AVX512F__
@@ -89,7 +90,7 @@ struct Rows16 {
     const int64_t lines = (16 * row_bytes + 63) / 64, per_step = (lines + steps - 1) / steps;
     const char* next = reinterpret_cast<const char*>(data[0] + 16 * row_bytes);
     const int64_t end = (step + 1) * per_step < lines ? (step + 1) * per_step : lines;
-    for (int64_t l = step * per_step; l < end; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+    for (int64_t l = step * per_step; l < end; ++l) prefetch_l2(next + 64 * l);
   }
   // The rows' e8m0 scale codes of block `col`, one per lane.
   __m512i scale_codes(int64_t col) const {
