@@ -210,6 +210,7 @@ constexpr PanelCase kPanelCases[] = {
 // after packing, the panels alone still give the reference's answer: they
 // are what was read. (FP8 codes are uniform: 1 in 16 is subnormal.)
 TEST(Gemv, QuantPanelsEqualReferenceBitwise) {
+  if (gemv_isa() != Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX512-BF16 kernels for this CPU";
   for (const PanelCase c : kPanelCases)
     for (const Shape& s : kShapes) {
       if (s.in % (c.kind == Kind::kFP4 ? 32 : 16) != 0) continue;
@@ -243,6 +244,64 @@ TEST(Gemv, QuantPanelsEqualReferenceBitwise) {
         }
       set_kernel_isa(best);
     }
+}
+
+// FP4 panels where the GEMV tiles run on AVX2 (gemv_avx2.cc fp4_panel_tile;
+// the gemm's panels from them, linear.cc panel_fp4_from_panels): with the
+// rows overwritten after packing, gemv and linear still give the
+// reference's bits for every row count, thread count and scale range (the
+// fast decoder's, the exact one's past code 132, subnormal scales), so the
+// panels are what was read; a row range that does not start a group of 8
+// reads the rows. The packer writes the bytes the vdpbf16ps tiles' packer
+// writes.
+TEST(Gemv, Fp4PanelsOnAvx2EqualReferenceBitwise) {
+  const std::vector<Isa> isas = supported_isas();
+  if (std::find(isas.begin(), isas.end(), Isa::kAvx2) == isas.end()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const Isa best = kernel_isa();
+  for (const Fp4ScaleCase c : kFp4ScaleCases)
+    for (const Shape& s : kShapes) {
+      if (s.in % 32 != 0) continue;
+      set_kernel_isa(Isa::kAvx2);
+      RandomWeight rw(Kind::kFP4, s.out, s.in, 128, c.s_lo, c.s_hi, false, 17);
+      const std::shared_ptr<const uint8_t> panels = pack_quant_panels(rw.w);
+      ASSERT_TRUE(panels);
+      const size_t bytes = quant_panel_bytes(rw.w);
+      if (isas.back() == Isa::kAvx512Bf16) {
+        set_gemv_isa(Isa::kAvx512Bf16);
+        Weight other = rw.w;
+        const std::shared_ptr<const uint8_t> theirs = pack_quant_panels(other);
+        ASSERT_TRUE(theirs);
+        EXPECT_EQ(std::memcmp(panels.get(), theirs.get(), bytes), 0) << s.out << "x" << s.in;
+        set_gemv_isa(Isa::kAvx2);
+      }
+      const std::string what = "fp4 panels " + std::to_string(s.out) + "x" + std::to_string(s.in) +
+                               ", scale codes " + std::to_string(c.s_lo) + "-" + std::to_string(c.s_hi);
+      for (int64_t M : {1, 2, 3, 5, 8, 9, 16, 24}) {
+        const int64_t ldx = s.in + 3, ldy = s.out + 5;
+        const std::vector<float> x = random_rows(M, ldx, uint32_t(M + 7));
+        for (auto [b, e] : {std::pair<int64_t, int64_t>{0, s.out}, {8, s.out}, {s.out / 3, s.out}}) {
+          if (e <= b) continue;
+          std::vector<float> ref(size_t(M * ldy), -3.f);
+          gemv_reference(rw.w, x.data(), M, ldx, ref.data(), ldy, false, b, e);
+          // Rows that start a group of 8 come from the panels alone.
+          const bool from_panels = b % 8 == 0 && (M <= kGemvMaxRows || b % 16 == 0);
+          const std::vector<uint8_t> rows = rw.data;
+          if (from_panels) std::fill(rw.data.begin(), rw.data.end(), uint8_t(0x77));
+          for (int threads : {1, 2, 3}) {
+            ThreadPool::set_threads(threads);
+            std::vector<float> y(size_t(M * ldy), -3.f);
+            LinearOpts opts;
+            opts.out_bf16 = false;
+            linear(rw.w, x.data(), M, y.data(), opts, b, e, ldx, ldy);
+            EXPECT_TRUE(SameBits(y, ref)) << what << " M " << M << " rows [" << b << ", " << e << ") threads "
+                                          << threads;
+          }
+          rw.data = rows;
+        }
+      }
+      ThreadPool::set_threads(0);
+    }
+  set_kernel_isa(best);
 }
 
 // What the FP8 panels cannot hold, the packer leaves to the rows: a NaN

@@ -74,11 +74,12 @@ DotInput dot_input(const Weight& w, bool panels, const float* x, int64_t M, int6
 }
 
 // Whether FP4 or FP8 tiles from row o0 read w's panels (Weight::fp4_panels,
-// Weight::fp8_panels): only the vdpbf16ps tiles read them, and a tile must
-// start a panel.
+// Weight::fp8_panels): the vdpbf16ps tiles, whose tiles must start a panel,
+// and the AVX2 FP4 tiles, whose groups of 8 rows read half a panel.
 bool reads_quant_panels(const Weight& w, int64_t o0, int64_t stride) {
-  return (w.fp4_panels != nullptr || w.fp8_panels != nullptr) && stride == 1 && o0 % 16 == 0 &&
-         gemv_isa() == Isa::kAvx512Bf16;
+  if (stride != 1) return false;
+  if (gemv_isa() == Isa::kAvx2) return w.fp4_panels != nullptr && o0 % 8 == 0;
+  return (w.fp4_panels != nullptr || w.fp8_panels != nullptr) && o0 % 16 == 0 && gemv_isa() == Isa::kAvx512Bf16;
 }
 
 // Rows b + j, b + j + stride, ... (n of them) for input rows [m0, m0 + mr)
@@ -235,23 +236,63 @@ bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
          (w.kind == Weight::Kind::kBF16 || gemv_isa() == Isa::kAvx2);
 }
 
-size_t quant_panel_bytes(const Weight& w) {
+namespace {
+
+// Panel `panel` of w's FP4 panels (Weight::fp4_panels) from its rows: a
+// row's 4 bytes of 8 codes (k = 2j in byte j's low nibble, 2j + 1 in its
+// high one) become a lane's dword with the odd k's in the low half (2b + 1
+// in nibble b) and the even k's in the high half (2b in nibble 4 + b). The
+// vdpbf16ps tiles' packer (pack_fp4_panel_avx512bf16) writes the same
+// bytes 16 rows at a time in registers.
+void pack_fp4_panel(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales) {
+  const int64_t steps = w.in / 8, blocks = w.in / 32, rows = std::min<int64_t>(16, w.out - 16 * panel);
+  const auto squeeze = [](uint32_t n) {  // the low nibbles of bytes 0-3 to nibbles 0-3
+    n = (n | n >> 4) & 0x00ff00ffu;
+    return (n | n >> 8) & 0xffffu;
+  };
+  for (int64_t i = 0; i < 16; ++i) {
+    if (i < rows) {
+      const uint8_t* const row = w.data + (16 * panel + i) * w.row_bytes();
+      for (int64_t s = 0; s < steps; ++s) {
+        uint32_t v;
+        std::memcpy(&v, row + 4 * s, 4);
+        data[s * 16 + i] = squeeze(v & 0x0f0f0f0fu) << 16 | squeeze(v >> 4 & 0x0f0f0f0fu);
+      }
+    } else {
+      for (int64_t s = 0; s < steps; ++s) data[s * 16 + i] = 0;
+    }
+    const uint8_t* const sc = w.scale + (16 * panel + (i < rows ? i : 0)) * blocks;
+    for (int64_t c = 0; c < blocks; ++c) scales[c * 16 + i] = sc[c];
+  }
+}
+
+// Where the GEMV tiles read FP4 panels: the vdpbf16ps and the AVX2 ones.
+bool fp4_panels_pay() {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
-  if (w.out <= 0 || gemv_isa() != Isa::kAvx512Bf16) return 0;
+  if (gemv_isa() == Isa::kAvx512Bf16) return true;
+#endif
+  return gemv_isa() == Isa::kAvx2;
+}
+
+}  // namespace
+
+size_t quant_panel_bytes(const Weight& w) {
+  if (w.out <= 0) return 0;
   const int64_t panels = (w.out + 15) / 16;
-  if (w.kind == Weight::Kind::kFP4 && w.in % 32 == 0)
+  if (w.kind == Weight::Kind::kFP4 && w.in % 32 == 0 && fp4_panels_pay())
     return size_t(panels * (w.in / 8) * 16 * 4 + panels * (w.in / 32) * 16 + 63) / 64 * 64;
-  if (w.kind == Weight::Kind::kFP8 && w.in % 16 == 0 && w.block % 16 == 0) return size_t(panels * w.in * 16);
-#else
-  (void)w;
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  if (w.kind == Weight::Kind::kFP8 && w.in % 16 == 0 && w.block % 16 == 0 && gemv_isa() == Isa::kAvx512Bf16)
+    return size_t(panels * w.in * 16);
 #endif
   return 0;
 }
 
 bool pack_quant_panels(Weight& w, void* dst) {
-#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+  if (quant_panel_bytes(w) == 0) return false;
   const int64_t panels = (w.out + 15) / 16;
   uint32_t* const p = static_cast<uint32_t*>(dst);
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
   if (w.kind == Weight::Kind::kFP8) {
     std::atomic<bool> ok{true};
     ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
@@ -261,19 +302,23 @@ bool pack_quant_panels(Weight& w, void* dst) {
     if (ok.load()) w.fp8_panels = p;
     return ok.load();
   }
+#endif
   const int64_t steps = w.in / 8, blocks = w.in / 32;
   uint8_t* const scales = reinterpret_cast<uint8_t*>(p + panels * steps * 16);
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
-    for (int64_t q = p0; q < p1; ++q)
-      pack_fp4_panel_avx512bf16(w, q, p + q * steps * 16, scales + q * blocks * 16);
+    for (int64_t q = p0; q < p1; ++q) {
+#ifdef DSV4_HAVE_AVX512BF16_KERNELS
+      if (gemv_isa() == Isa::kAvx512Bf16) {
+        pack_fp4_panel_avx512bf16(w, q, p + q * steps * 16, scales + q * blocks * 16);
+        continue;
+      }
+#endif
+      pack_fp4_panel(w, q, p + q * steps * 16, scales + q * blocks * 16);
+    }
   });
   w.fp4_panels = p;
   w.fp4_panel_scales = scales;
   return true;
-#else
-  (void)w, (void)dst;
-  return false;
-#endif
 }
 
 std::shared_ptr<const uint8_t> pack_quant_panels(Weight& w) {
@@ -318,7 +363,7 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
   // gemv_avx2_tile_rows and up to kGemvAvx2TileInputRows input rows a pass.
   ThreadPool& pool = ThreadPool::global();
   const bool avx2 = gemv_isa() == Isa::kAvx2;
-  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || (!avx2 && reads_quant_panels(w, row_begin, 1));
+  const bool panels = gemv_reads_pair_panels(w, row_begin, 1) || reads_quant_panels(w, row_begin, 1);
   const DotInput in = dot_input(w, panels, x, M, ldx);
   const bool narrow = !avx2 && w.kind == Weight::Kind::kBF16 && M <= kGemvBf16NarrowInputRows && !panels;
   const bool quant_panels = in.xp && panels && w.kind != Weight::Kind::kBF16;

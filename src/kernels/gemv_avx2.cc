@@ -268,15 +268,15 @@ struct Fp4Fast {
   void set_scale(int g, __m256i codes) {
     max_code = _mm256_max_epi32(max_code, codes);
     factor[g] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(codes, _mm256_set1_epi32(122)), 23));
-  }
-  void set_codes(int g, __m256i v) {
+  }  void set_codes(int g, __m256i v) {
     t[g][0] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, nib));
     t[g][1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi32(v, 4), nib));
   }
-  template <int N>
+  // The value of nibble I of each lane's dword (of the codes last set).
+  template <int I>
   __m256 value(int g, __m256i) const {
-    const __m256i b = t[g][N % 2];
-    const __m256i top = N / 2 < 3 ? _mm256_slli_epi32(b, 8 * (3 - N / 2)) : b;
+    const __m256i b = t[g][I % 2];
+    const __m256i top = I / 2 < 3 ? _mm256_slli_epi32(b, 8 * (3 - I / 2)) : b;
     return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 5), keep_bits)), factor[g]);
   }
   bool ok() const { return lanes_at_most(max_code, kFp4MaxFastScaleCode); }
@@ -293,21 +293,22 @@ struct Fp4Exact {
     neg[g] = _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_set1_epi32(int32_t(0x80000000u))));
   }
   void set_codes(int, __m256i) {}
-  template <int N>
+  template <int I>
   __m256 value(int g, __m256i v) const {
-    const __m256 mag = _mm256_permutevar8x32_ps(table, N > 0 ? _mm256_srli_epi32(v, 4 * N) : v);
-    const __m256i code_sign = N < 7 ? _mm256_slli_epi32(v, 28 - 4 * N) : v;
+    const __m256 mag = _mm256_permutevar8x32_ps(table, I > 0 ? _mm256_srli_epi32(v, 4 * I) : v);
+    const __m256i code_sign = I < 7 ? _mm256_slli_epi32(v, 28 - 4 * I) : v;
     return _mm256_mul_ps(mag, _mm256_blendv_ps(pos[g], neg[g], _mm256_castsi256_ps(code_sign)));
   }
   bool ok() const { return true; }
 };
 
-template <int N, int G, int MR, class Decoder>
+// Step N of k takes nibble I of every lane's dword (the rows' layout: I = N).
+template <int N, int I, int G, int MR, class Decoder>
 __attribute__((always_inline)) inline void fp4_step(const Decoder& dec, const __m256i (&v)[G], const float* xk,
                                                     int64_t ldx, Sums<G, MR>& acc) {
   __m256 val[G];
 #pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) val[g] = dec.template value<N>(g, v[g]);
+  for (int g = 0; g < G; ++g) val[g] = dec.template value<I>(g, v[g]);
   acc.fma(xk + N, ldx, val);
 }
 
@@ -341,15 +342,80 @@ bool fp4_tile(const Weight& w, const Rows<G>& r, const float* x, int64_t ldx, Su
         dec.set_codes(g, v[g]);
       }
       const float* xk = x + 2 * byte0 + 8 * d;
-      fp4_step<0>(dec, v, xk, ldx, acc);
-      fp4_step<1>(dec, v, xk, ldx, acc);
-      fp4_step<2>(dec, v, xk, ldx, acc);
-      fp4_step<3>(dec, v, xk, ldx, acc);
-      fp4_step<4>(dec, v, xk, ldx, acc);
-      fp4_step<5>(dec, v, xk, ldx, acc);
-      fp4_step<6>(dec, v, xk, ldx, acc);
-      fp4_step<7>(dec, v, xk, ldx, acc);
+      fp4_step<0, 0>(dec, v, xk, ldx, acc);
+      fp4_step<1, 1>(dec, v, xk, ldx, acc);
+      fp4_step<2, 2>(dec, v, xk, ldx, acc);
+      fp4_step<3, 3>(dec, v, xk, ldx, acc);
+      fp4_step<4, 4>(dec, v, xk, ldx, acc);
+      fp4_step<5, 5>(dec, v, xk, ldx, acc);
+      fp4_step<6, 6>(dec, v, xk, ldx, acc);
+      fp4_step<7, 7>(dec, v, xk, ldx, acc);
     }
+  }
+  sums = acc;
+  return dec.ok();
+}
+
+// ---- FP4 from panels -----------------------------------------------------------
+// Weight::fp4_panels (gemv.h pack_quant_panels) hold a step of 8 k of 16
+// rows as one 64-byte line, rows 0-7 in its first half, and a block's 16
+// scale codes as 16 bytes: a group (8 rows from a multiple of 8) reads one
+// half of each line, one load per 8 steps of k, and 8 scale bytes per
+// block, as they lie. The row layout's transposes and scale gathers took a
+// third of the FP4 tile's time, and its 32 rows 1-2 KB apart share L1
+// sets; a tile of panels reads one or two sequential streams.
+//
+// In a lane's dword, k = 8s + 2b + 1 is nibble b and k = 8s + 2b nibble
+// 4 + b (the even k's in the high half, for the vdpbf16ps tiles' pairs).
+template <int N>
+constexpr int kPanelNibble = N % 2 ? N / 2 : 4 + N / 2;
+
+// Group g's chains through the 8 k of step s (its codes v, from xk).
+template <int N, int g, int G, int MR, class Decoder>
+__attribute__((always_inline)) inline void panel_group_step(const Decoder& dec, __m256i v, const float* xk,
+                                                            int64_t ldx, Sums<G, MR>& acc) {
+  const __m256 val = dec.template value<kPanelNibble<N>>(g, v);
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) acc.v[m][g] = _mm256_fmadd_ps(_mm256_broadcast_ss(xk + m * ldx + N), val, acc.v[m][g]);
+  if constexpr (N + 1 < 8) panel_group_step<N + 1, g>(dec, v, xk, ldx, acc);
+}
+
+// Each group's chains take a whole step before the next group's: one
+// group's decoded codes live at a time, where all of them at once (as in
+// fp4_tile) leave too few registers for the G groups' sums.
+template <int g, int G, int MR, class Decoder>
+__attribute__((always_inline)) inline void panel_groups(Decoder& dec, const uint32_t* const (&data)[G], int64_t s,
+                                                        const float* xk, int64_t ldx, Sums<G, MR>& acc) {
+  const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(data[g] + 16 * s));
+  dec.set_codes(g, v);
+  // The inputs' broadcasts again for each group: shared, 8 of them held
+  // registers the sums then lacked (GCC kept those on the stack, a store and
+  // a load in every chain's step). A broadcast is a load.
+  const float* xg = xk;
+  asm volatile("" : "+r"(xg));
+  panel_group_step<0, g>(dec, v, xg, ldx, acc);
+  if constexpr (g + 1 < G) panel_groups<g + 1>(dec, data, s, xk, ldx, acc);
+}
+
+template <int G, int MR, class Decoder>
+__attribute__((noinline)) bool fp4_panel_tile(const Weight& w, int64_t o0, const float* x, int64_t ldx, Sums<G, MR>& sums) {
+  Sums<G, MR> acc = sums;
+  Decoder dec;
+  const int64_t steps = w.in / 8, blocks = w.in / 32;
+  const uint32_t* data[G];
+  const uint8_t* scale[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    const int64_t row = o0 + kLanes * g;
+    data[g] = w.fp4_panels + (row / 16) * steps * 16 + row % 16;
+    scale[g] = w.fp4_panel_scales + (row / 16) * blocks * 16 + row % 16;
+  }
+  for (int64_t c = 0; c < blocks; ++c) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g)
+      dec.set_scale(g, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale[g] + 16 * c))));
+#pragma GCC unroll 4
+    for (int64_t s = 4 * c; s < 4 * c + 4; ++s) panel_groups<0>(dec, data, s, x + 8 * s, ldx, acc);
   }
   sums = acc;
   return dec.ok();
@@ -423,6 +489,11 @@ bool tile(const Weight& w, const float* x, int64_t ldx, int64_t o0, int64_t stri
     // A BF16 weight's values, or an FP8 one's decoded (gemv.h
     // pack_pair_panels).
     bf16_panel_tile(w, o0, x, ldx, acc);
+  } else if (w.fp4_panels && stride == 1 && o0 % kLanes == 0) {
+    if (!fp4_panel_tile<G, MR, Fp4Fast<G>>(w, o0, x, ldx, acc)) {
+      acc = Sums<G, MR>();
+      fp4_panel_tile<G, MR, Fp4Exact<G>>(w, o0, x, ldx, acc);
+    }
   } else {
     const Rows<G> r = rows_of<G>(w, o0, stride, n);
     switch (w.kind) {

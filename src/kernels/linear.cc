@@ -96,6 +96,12 @@ void Weight::dequant_panel_reference(int64_t o0, int64_t o_end, float* panel) co
 #if defined(__AVX2__) && defined(__FMA__)
 namespace {
 
+// e8m0 codes, one per lane, as e8m0_to_f32 gives them (0: 2^-127).
+inline __m256 e8m0_values(__m256i e) {
+  const __m256i zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000), zero));
+}
+
 // Eight weight rows [first, first + 8) read side by side, one per lane:
 // where each row's data and scales start, and a lane mask that zeroes rows at
 // or past o_end (those lanes read row `valid`, a real one, instead).
@@ -132,11 +138,8 @@ struct Rows8 {
   }
   // The eight rows' e8m0 scales of block `col`, as e8m0_to_f32 gives them.
   __m256 scales(int64_t col) const {
-    const __m256i e = _mm256_setr_epi32(scale[0][col], scale[1][col], scale[2][col], scale[3][col], scale[4][col],
-                                        scale[5][col], scale[6][col], scale[7][col]);
-    const __m256i zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
-    return _mm256_castsi256_ps(
-        _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000), zero));  // 0: 2^-127
+    return e8m0_values(_mm256_setr_epi32(scale[0][col], scale[1][col], scale[2][col], scale[3][col], scale[4][col],
+                                         scale[5][col], scale[6][col], scale[7][col]));
   }
 };
 
@@ -261,7 +264,39 @@ void panel_plain(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
     panel_plain_rows16<false, kPerDword>(w, r, panel);
 }
 
+// The same panel from w's FP4 panels (Weight::fp4_panels), which hold it
+// as it lies, 8 values of each row a dword: where the AVX2 GEMV tiles read
+// them (gemv.h pack_quant_panels), the rows' pages were let go, and reading
+// them here would page them in beside the panels. In a lane's dword, k =
+// 8s + 2b + 1 is nibble b and 8s + 2b nibble 4 + b; rows past `out` have
+// zero codes, so +0.
+void panel_fp4_from_panels(const Weight& w, int64_t panel_index, float* panel) {
+  const __m256 mags = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  const __m256 signbit = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u)));
+  const int64_t steps = w.in / 8, blocks = w.in / 32;
+  const uint32_t* const data = w.fp4_panels + panel_index * steps * kGemmNR;
+  const uint8_t* const scale = w.fp4_panel_scales + panel_index * blocks * kGemmNR;
+  for (int64_t c = 0; c < blocks; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = e8m0_values(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + c * kGemmNR + 8 * h))));
+#pragma GCC unroll 4
+      for (int64_t t = 4 * c; t < 4 * c + 4; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + t * kGemmNR + 8 * h));
+#pragma GCC unroll 8
+        for (int n = 0; n < 8; ++n) {
+          const int nib = n % 2 ? n / 2 : 4 + n / 2;
+          const __m256 mag = _mm256_permutevar8x32_ps(mags, _mm256_srli_epi32(v, 4 * nib));
+          const __m256 sign = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 28 - 4 * nib)), signbit);
+          _mm256_storeu_ps(panel + (8 * t + n) * kGemmNR + 8 * h, _mm256_mul_ps(_mm256_or_ps(mag, sign), s));
+        }
+      }
+    }
+}
+
 void panel_fp4(const Weight& w, int64_t o0, int64_t o_end, float* panel) {
+  if (w.fp4_panels && o0 % kGemmNR == 0 && std::min(o0 + kGemmNR, w.out) <= o_end)
+    return panel_fp4_from_panels(w, o0 / kGemmNR, panel);
   const Rows8 r[2] = {Rows8(w, o0, o_end, w.row_bytes(), w.in / 32, 1, o0),
                       Rows8(w, o0 + 8, o_end, w.row_bytes(), w.in / 32, 1, o0)};
   if (o0 + 16 <= o_end)
@@ -331,7 +366,10 @@ void Weight::dequant_panel(int64_t o0, int64_t o_end, float* panel) const {
   if (in % 8 != 0 || (kind == Kind::kFP8 && (in % 16 != 0 || block % 16 != 0)))
     return dequant_panel_reference(o0, o_end, panel);
 #ifdef DSV4_HAVE_AVX512_KERNELS
-  if (panel_from_quant_panels(*this, o0, o_end, panel)) return;
+  // (Panels packed for the vdpbf16ps tiles, read by AVX-512 code: not where
+  // every kernel runs AVX2, which takes FP4 panels in panel_fp4.)
+  if ((kernel_isa() >= Isa::kAvx512 || gemv_isa() >= Isa::kAvx512) && panel_from_quant_panels(*this, o0, o_end, panel))
+    return;
   if (kind == Kind::kFP4 && kernel_isa() >= Isa::kAvx512) return panel_fp4_avx512(*this, o0, o_end, panel);
 #endif
   switch (kind) {
