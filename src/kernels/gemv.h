@@ -55,12 +55,14 @@ bool gemv(const Weight& w, const float* x, int64_t M, int64_t ldx, float* y, int
 std::shared_ptr<const uint32_t> pack_pair_panels(Weight& w);
 
 // An FP4 or FP8 weight's codes (FP4: and scales) repacked as 16-row panels
-// (Weight::fp4_panels, Weight::fp8_panels) for the vdpbf16ps tiles: the
-// row layout's transposes and nibble picking held decode's FP4 GEMV at
-// about half the read bandwidth, its FP8 one on fp32 FMAs at about a third.
-// quant_panel_bytes: their size, a multiple of 64, or 0 where nothing would
-// read them (not FP4 or FP8, in not a multiple of 32 (FP4) or 16 (FP8, and
-// its block), gemv_isa() not Isa::kAvx512Bf16). pack_quant_panels writes
+// (Weight::fp4_panels, Weight::fp8_panels) for the vdpbf16ps tiles and
+// (FP4) the AVX2 tiles: the row layout's transposes and nibble picking held
+// decode's FP4 GEMV at about half the read bandwidth on Zen 4, its FP8 one
+// on fp32 FMAs at about a third; the AVX2 FP4 tiles ran 1.6-2x faster on
+// them (Zen 3). quant_panel_bytes: their size, a multiple of 64, or 0 where
+// nothing would read them (not FP4 or FP8, in not a multiple of 32 (FP4)
+// or 16 (FP8, and its block), gemv_isa() neither Isa::kAvx512Bf16 nor, for
+// FP4, Isa::kAvx2). pack_quant_panels writes
 // them on the pool's threads to dst (64-byte aligned, that size) and points
 // w at them; false, with w untouched, where an FP8 code is NaN. The second
 // form first allocates them (on 2 MB pages) and returns their owner, or

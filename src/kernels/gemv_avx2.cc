@@ -6,7 +6,8 @@
 // whole and turned into lanes by two 8 × 8 dword transposes (a dword is 4
 // steps of k in FP8, 8 in FP4, 2 in BF16), kept in a small buffer in L1.
 // Pair panels (the head; FP8 matrices decoded at load, gemv.h
-// pack_pair_panels) are read as they lie, without transposes.
+// pack_pair_panels) and FP4 panels (the routed experts, gemv.h
+// pack_quant_panels) are read as they lie, without transposes.
 //
 // Before these tiles, decode on such CPUs took gemm's path, which decodes
 // every weight into fp32 panels, stores and packs them for one multiply-add

@@ -27,8 +27,8 @@ struct Weight {
   static constexpr int kNoPairDot = -1000;
   // Optional, FP4 only: the codes and scales repacked once as 16-row
   // panels by pack_quant_panels (kernels/gemv.h), which gemv's vdpbf16ps
-  // tiles and the gemm's pair decoder read as one stream per 16 rows, with
-  // no transposing and one shift per pair vector. fp4_panels:
+  // and AVX2 tiles and the gemm's decoders read as one stream per 16 rows,
+  // with no transposing (vdpbf16ps: one shift per pair vector). fp4_panels:
   // [ceil(out/16)][in/8][16] dwords, lane i of panel p and step q holding
   // the codes of k in [8q, 8q + 8) of row 16p + i: the odd k's in the low
   // half (k = 8q + 1 in bits 0-3, 8q + 3 in bits 4-7, ...), the even k's

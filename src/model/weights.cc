@@ -85,7 +85,8 @@ CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p, co
 // A layer's FP8 and FP4 matrices repacked as panels (kernels/gemv.h
 // pack_quant_panels), where the kernels read them (decode's GEMV at 1-2
 // rows ran 1.6-1.9x faster on FP4 panels than on the rows, Zen 4, session
-// 21; on FP8 ones ~2x), in one block on 2 MB pages. The rows' pages are
+// 21; on FP8 ones ~2x; the AVX2 FP4 tiles 1.6-2x, Zen 3, session 33), in
+// one block on 2 MB pages. The rows' pages are
 // then let go: nothing reads them but fallbacks (scales vdpbf16ps cannot
 // take, other kernel variants), which map them in again; kept resident, a
 // model the size of the memory would hold them twice. A layer whose panels
