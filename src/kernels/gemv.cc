@@ -238,34 +238,6 @@ bool gemv_reads_pair_panels(const Weight& w, int64_t o0, int64_t stride) {
 
 namespace {
 
-// Panel `panel` of w's FP4 panels (Weight::fp4_panels) from its rows: a
-// row's 4 bytes of 8 codes (k = 2j in byte j's low nibble, 2j + 1 in its
-// high one) become a lane's dword with the odd k's in the low half (2b + 1
-// in nibble b) and the even k's in the high half (2b in nibble 4 + b). The
-// vdpbf16ps tiles' packer (pack_fp4_panel_avx512bf16) writes the same
-// bytes 16 rows at a time in registers.
-void pack_fp4_panel(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales) {
-  const int64_t steps = w.in / 8, blocks = w.in / 32, rows = std::min<int64_t>(16, w.out - 16 * panel);
-  const auto squeeze = [](uint32_t n) {  // the low nibbles of bytes 0-3 to nibbles 0-3
-    n = (n | n >> 4) & 0x00ff00ffu;
-    return (n | n >> 8) & 0xffffu;
-  };
-  for (int64_t i = 0; i < 16; ++i) {
-    if (i < rows) {
-      const uint8_t* const row = w.data + (16 * panel + i) * w.row_bytes();
-      for (int64_t s = 0; s < steps; ++s) {
-        uint32_t v;
-        std::memcpy(&v, row + 4 * s, 4);
-        data[s * 16 + i] = squeeze(v & 0x0f0f0f0fu) << 16 | squeeze(v >> 4 & 0x0f0f0f0fu);
-      }
-    } else {
-      for (int64_t s = 0; s < steps; ++s) data[s * 16 + i] = 0;
-    }
-    const uint8_t* const sc = w.scale + (16 * panel + (i < rows ? i : 0)) * blocks;
-    for (int64_t c = 0; c < blocks; ++c) scales[c * 16 + i] = sc[c];
-  }
-}
-
 // Where the GEMV tiles read FP4 panels: the vdpbf16ps and the AVX2 ones.
 bool fp4_panels_pay() {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
@@ -305,6 +277,7 @@ bool pack_quant_panels(Weight& w, void* dst) {
 #endif
   const int64_t steps = w.in / 8, blocks = w.in / 32;
   uint8_t* const scales = reinterpret_cast<uint8_t*>(p + panels * steps * 16);
+  std::atomic<bool> ok{true};
   ThreadPool::global().parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
     for (int64_t q = p0; q < p1; ++q) {
 #ifdef DSV4_HAVE_AVX512BF16_KERNELS
@@ -313,9 +286,11 @@ bool pack_quant_panels(Weight& w, void* dst) {
         continue;
       }
 #endif
-      pack_fp4_panel(w, q, p + q * steps * 16, scales + q * blocks * 16);
+      if (!pack_fp4_panel_avx2(w, q, p + q * steps * 16, scales + q * blocks * 16))
+        ok.store(false, std::memory_order_relaxed);
     }
   });
+  if (!ok.load()) return false;
   w.fp4_panels = p;
   w.fp4_panel_scales = scales;
   return true;

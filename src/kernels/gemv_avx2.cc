@@ -17,6 +17,7 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/bf16_simd.h"
@@ -532,6 +533,43 @@ bool tile_rows(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t 
 
 }  // namespace
 
+bool pack_fp4_panel_avx2(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales) {
+  const int64_t steps = w.in / 8, blocks = w.in / 32, rows = std::min<int64_t>(16, w.out - 16 * panel);
+  const __m256i nibbles = _mm256_set1_epi32(0x0f0f0f0f), pairs = _mm256_set1_epi32(0x00ff00ff),
+                low_half = _mm256_set1_epi32(0xffff);
+  // The low nibbles of a dword's 4 bytes to its nibbles 0-3.
+  const auto squeeze = [&](__m256i n) {
+    n = _mm256_and_si256(_mm256_or_si256(n, _mm256_srli_epi32(n, 4)), pairs);
+    return _mm256_and_si256(_mm256_or_si256(n, _mm256_srli_epi32(n, 8)), low_half);
+  };
+  for (int h = 0; h < 2; ++h)
+    for (int64_t s0 = 0; s0 < steps; s0 += kLanes) {
+      const int count = int(std::min<int64_t>(kLanes, steps - s0));  // steps is a multiple of 4
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      __m256i r[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        const int64_t row = 8 * h + i;
+        const int* p = reinterpret_cast<const int*>(w.data + (16 * panel + row) * w.row_bytes() + 4 * s0);
+        r[i] = row >= rows ? _mm256_setzero_si256()
+               : count == kLanes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                 : _mm256_maskload_epi32(p, mask);
+      }
+      transpose8(r);  // r[d]: step s0 + d of the 8 rows
+      for (int d = 0; d < count; ++d) {
+        const __m256i v = r[d];
+        const __m256i even = squeeze(_mm256_and_si256(v, nibbles)),
+                      odd = squeeze(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibbles));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(data + (s0 + d) * 16 + 8 * h),
+                           _mm256_or_si256(_mm256_slli_epi32(even, 16), odd));
+      }
+    }
+  for (int64_t i = 0; i < 16; ++i) {
+    const uint8_t* const sc = w.scale + (16 * panel + (i < rows ? i : 0)) * blocks;
+    for (int64_t c = 0; c < blocks; ++c) scales[c * 16 + i] = sc[c];
+  }
+  return true;
+}
+
 bool gemv_tile_avx2(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
                     float* y, int64_t ldy) {
   static_assert(gemv_avx2_tile_rows(1) <= 8 * kLanes, "a tile is at most eight groups");
@@ -551,6 +589,8 @@ namespace dsv4 {
 bool gemv_tile_avx2(const Weight&, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*, int64_t) {
   return false;
 }
+
+bool pack_fp4_panel_avx2(const Weight&, int64_t, uint32_t*, uint8_t*) { return false; }
 
 }  // namespace dsv4
 

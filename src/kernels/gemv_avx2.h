@@ -30,4 +30,12 @@ constexpr int64_t kGemvAvx2TileInputRows = 8;
 bool gemv_tile_avx2(const Weight& w, const float* x, int64_t M, int64_t ldx, int64_t o0, int64_t stride, int64_t n,
                     float* y, int64_t ldy);
 
+// Writes panel `panel` of w's FP4 panels (Weight::fp4_panels, a
+// multiple-of-32 `in`): its in / 8 steps of 16 dwords to data (32-byte
+// aligned), its in / 32 scale steps of 16 codes to scales
+// (kernels/gemv.h pack_quant_panels), 8 rows at a time transposed in
+// registers. The vdpbf16ps tiles' packer writes the same bytes. False in a
+// build without AVX2.
+bool pack_fp4_panel_avx2(const Weight& w, int64_t panel, uint32_t* data, uint8_t* scales);
+
 }  // namespace dsv4
